@@ -1,0 +1,140 @@
+"""`specdec` command line: generate (streaming, live stats), models.
+
+User errors (`SpecdecError`) become one red line and exit code 2; only bugs show a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from specdec.errors import SpecdecError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="specdec: speculative-decoding-first LLM generation.")
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+# Colours for --show-acceptance, by how many tokens the target step emitted (1 = nothing accepted).
+STEP_COLOURS = ["white", "green", "cyan", "blue", "magenta", "yellow", "red"]
+
+
+def fail(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def generate(
+    prompt: Optional[str] = typer.Argument(None, help="The prompt (a user message for chat models)."),
+    target: str = typer.Option("smollm2-135m", help="Alias, HF folder, .gguf file, hub id, or dummy:<shape>."),
+    device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
+    quantize: Optional[str] = typer.Option(None, help="int8: dynamic W8A8 linears on CPU."),
+    drafter: str = typer.Option("none", help="none, ngram[:n=3,k=8,branches=1], draft[:<model>|layers=N], ..."),
+    tree: Optional[str] = typer.Option(None, help="chain:k=5, static:<name|file>, dynamic:depth=6,topk=8,budget=60."),
+    max_new_tokens: int = typer.Option(128, help="Most tokens to generate."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass (1 = off)."),
+    top_k: int = typer.Option(0, help="Top-k sampling (0 = off)."),
+    seed: Optional[int] = typer.Option(None, help="Seed for reproducible sampling."),
+    stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
+    chat: bool = typer.Option(True, help="Apply the model's chat template to the prompt."),
+    show_acceptance: bool = typer.Option(False, help="Colour tokens by the target step that accepted them."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+    prompts_file: Optional[Path] = typer.Option(None, help="JSONL with a 'prompt' field per line (batch mode)."),
+    output: Optional[Path] = typer.Option(None, help="Where batch mode writes its JSONL results."),
+    max_concurrency: int = typer.Option(16, help="Batch mode: most requests running at once."),
+) -> None:
+    """Generate text, streaming tokens as they are produced, then print one stats line."""
+    from specdec.config import EngineConfig, SamplingParams
+
+    try:
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                                seed=seed, stop=tuple(stop))
+        if prompts_file is None and prompt is None:
+            fail("give a PROMPT or --prompts-file")
+        llm = _load(target, device, dtype, quantize, drafter, tree, EngineConfig(max_num_seqs=max_concurrency))
+        if prompts_file is not None:
+            from specdec.batch_cli import run_batch
+
+            run_batch(llm, prompts_file, output, params, chat, console)
+        elif as_json:
+            out = llm.generate([prompt], params, chat=chat)[0]
+            print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
+                              "metrics": out.metrics.to_dict()}))
+        else:
+            _stream(llm, prompt, params, chat, show_acceptance)
+    except SpecdecError as exc:
+        fail(str(exc))
+
+
+def _load(target, device, dtype, quantize, drafter, tree, engine_config):
+    from specdec.api import LLM
+
+    with err_console.status(f"loading {target}..."):
+        return LLM(target=target, device=device, dtype=dtype, quantize=quantize, drafter=drafter, tree=tree,
+                   engine_config=engine_config, show_progress=True)
+
+
+def _stream(llm, prompt: str, params, chat: bool, show_acceptance: bool) -> None:
+    final = None
+    for delta in llm.stream([prompt], params, chat=chat):
+        if show_acceptance and delta.text:
+            colour = STEP_COLOURS[min(delta.step_tokens, len(STEP_COLOURS)) - 1]
+            console.print(delta.text, style=colour, end="", markup=False)
+        else:
+            console.print(delta.text, end="", markup=False)
+        if delta.finished:
+            final = delta.output
+    console.print()
+    if final is None:
+        return
+    m = final.metrics
+    stats = (f"{m.num_generated} tokens, {m.tokens_per_second:.1f} tok/s, TTFT {m.ttft_s * 1000:.0f} ms, "
+             f"tau {m.mean_accepted_tokens:.2f} over {m.target_steps} target steps, finish: {final.finish_reason}")
+    err_console.print(f"[dim]{stats}[/]")
+    if show_acceptance:
+        legend = " ".join(f"[{c}]{i + 1}[/]" for i, c in enumerate(STEP_COLOURS))
+        err_console.print(f"[dim]colour = tokens emitted by one target step:[/] {legend}")
+
+
+@app.command()
+def models() -> None:
+    """List the default-model aliases and the models converted in the cache."""
+    from rich.table import Table
+
+    from specdec.models import registry
+
+    table = Table(title="aliases")
+    table.add_column("name")
+    table.add_column("description")
+    table.add_column("cached")
+    cached = {m["name"]: m for m in registry.list_cached_models()}
+    for name, alias in registry.ALIASES.items():
+        table.add_row(name, alias.description, "yes" if name in cached else "no")
+    console.print(table)
+    if cached:
+        listing = Table(title=f"cache: {registry.cache_root()}")
+        for col in ("name", "path", "size"):
+            listing.add_column(col)
+        for m in cached.values():
+            listing.add_row(str(m["name"]), str(m["path"]), f"{m.get('size_bytes', m.get('size', 0)) / 1e6:.0f} MB")
+        console.print(listing)
+
+
+def main() -> None:
+    try:
+        app()
+    except SpecdecError as exc:  # errors raised outside a command's own handler
+        err_console.print(f"[bold red]error:[/] {exc}")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""User-facing settings: how to sample one request, and how to size the engine.
+
+Both validate on construction, so a bad value fails where it was written, with a message naming the field,
+instead of deep inside a step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from specdec.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded. `temperature=0` is greedy; `seed` makes sampling reproducible."""
+
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        _check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+               f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
+        _check(_is_number(self.temperature) and 0 <= self.temperature <= 100,
+               f"temperature must be between 0 and 100, got {self.temperature!r}")
+        _check(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k!r}")
+        _check(_is_number(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
+        _check(self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
+               f"seed must be a non-negative integer, got {self.seed!r}")
+        _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How big the engine is. Defaults suit one CPU user; servers raise `max_num_seqs` and the KV budget."""
+
+    block_size: int = 16
+    kv_cache_tokens: int = 32768  # KV capacity in tokens across all sequences (rounded up to blocks)
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048  # per step: prefill-chunk tokens + tree nodes
+    max_tree_nodes: int = 128
+    prefill_chunk: int = 512
+    enable_prefix_caching: bool = True
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "max_tree_nodes",
+                     "prefill_chunk"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value > 0, f"{name} must be a positive integer, got {value!r}")
+        _check(self.max_tree_nodes <= self.max_num_batched_tokens,
+               "max_tree_nodes cannot exceed max_num_batched_tokens")
+
+    @property
+    def num_blocks(self) -> int:
+        return -(-self.kv_cache_tokens // self.block_size)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)

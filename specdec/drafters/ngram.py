@@ -1,0 +1,89 @@
+"""`ngram[:n=3,k=8,branches=4]`: prompt lookup decoding, with several matches as branches of one tree.
+
+The last `m` tokens (m from n down to 1) are searched for in the prompt and the text generated so far; what
+followed each earlier occurrence is a guess at what comes next. Summaries, retrieval answers and code edits
+copy long spans of their input, so the guesses are often right and cost no model call at all. Different
+matches that continue differently become sibling branches; shared prefixes merge into one trie.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from specdec.drafters.base import DrafterContext, StatelessDrafter
+from specdec.drafters.registry import int_arg, register, reject_unknown
+from specdec.sequence import Sequence
+from specdec.tree import TokenTree
+from specdec.tree_spec import TreeSpec, chain
+
+
+class NgramDrafter(StatelessDrafter):
+    name = "ngram"
+
+    def __init__(self, n: int = 3, k: int = 8, branches: int = 1) -> None:
+        self.n, self.k, self.branches = n, k, branches
+
+    def default_tree(self) -> TreeSpec:
+        if self.branches == 1:
+            return chain(self.k)
+        return TreeSpec("dynamic", depth=self.k, topk=self.branches, budget=self.k * self.branches)
+
+    def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:
+        branches = 1 if spec.kind == "chain" else max(spec.topk, 1)
+        return [self._tree(seq.token_ids, spec.depth, branches, spec.budget) for seq in seqs]
+
+    def _tree(self, tokens: list[int], depth: int, branches: int, budget: int) -> TokenTree:
+        continuations = find_continuations(np.asarray(tokens, dtype=np.int64), self.n, depth, branches)
+        return trie_tree(tokens[-1], continuations, budget)
+
+
+def find_continuations(tokens: np.ndarray, n: int, length: int, branches: int) -> list[list[int]]:
+    """Up to `branches` distinct continuations of the longest suffix match, most recent occurrence first."""
+    found: list[list[int]] = []
+    seen: set[tuple[int, ...]] = set()
+    total = len(tokens)
+    if length <= 0:
+        return found
+    for m in range(min(n, total - 1), 0, -1):
+        pattern = tokens[total - m:]
+        windows = sliding_window_view(tokens[: total - 1], m)  # exclude the suffix matching itself
+        starts = np.flatnonzero((windows == pattern).all(axis=1))
+        for start in starts[::-1]:
+            follow = tokens[start + m: start + m + length].tolist()
+            key = tuple(follow)
+            if follow and key not in seen:
+                seen.add(key)
+                found.append(follow)
+                if len(found) >= branches:
+                    return found
+        if found:
+            return found
+    return found
+
+
+def trie_tree(root: int, continuations: list[list[int]], budget: int) -> TokenTree:
+    """Merge continuations into one tree under `budget` drafted nodes, earlier continuations first."""
+    tokens, parents = [root], [-1]
+    child_of: dict[tuple[int, int], int] = {}
+    for follow in continuations:
+        node = 0
+        for token in follow:
+            key = (node, token)
+            if key not in child_of:
+                if len(tokens) - 1 >= budget:
+                    break
+                child_of[key] = len(tokens)
+                tokens.append(token)
+                parents.append(node)
+            node = child_of[key]
+    return TokenTree.from_parents(tokens, parents)
+
+
+@register("ngram")
+def _build(args: dict[str, str], ctx: DrafterContext) -> NgramDrafter:
+    drafter = NgramDrafter(
+        n=int_arg(args, "n", 3), k=int_arg(args, "k", 8), branches=int_arg(args, "branches", 1)
+    )
+    reject_unknown("ngram", args)
+    return drafter

@@ -1,0 +1,57 @@
+"""Drafters register a factory under a name; spec strings pick one. The engine has no `if name == ...` chain."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from specdec.drafters.base import Drafter, DrafterContext
+from specdec.errors import ConfigError
+from specdec.spec_strings import parse_spec
+
+Factory = Callable[[dict[str, str], DrafterContext], Drafter]
+_FACTORIES: dict[str, Factory] = {}
+
+
+def register(name: str) -> Callable[[Factory], Factory]:
+    def wrap(factory: Factory) -> Factory:
+        _FACTORIES[name] = factory
+        return factory
+
+    return wrap
+
+
+def available() -> list[str]:
+    _load_builtins()
+    return sorted(_FACTORIES)
+
+
+def build_drafter(spec: str, ctx: DrafterContext) -> Drafter:
+    """`"ngram:n=3,k=8"` -> a ready drafter."""
+    _load_builtins()
+    name, args = parse_spec(spec, what="drafter")
+    if name not in _FACTORIES:
+        raise ConfigError(f"unknown drafter '{name}'; available: {', '.join(sorted(_FACTORIES))}")
+    return _FACTORIES[name](args, ctx)
+
+
+def int_arg(args: dict[str, str], key: str, default: int, minimum: int = 1) -> int:
+    raw = args.pop(key, None)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"drafter option {key} must be an integer, got '{raw}'") from None
+    if value < minimum:
+        raise ConfigError(f"drafter option {key} must be >= {minimum}, got {value}")
+    return value
+
+
+def reject_unknown(name: str, args: dict[str, str]) -> None:
+    if args:
+        raise ConfigError(f"unknown option(s) for drafter '{name}': {', '.join(k or repr(v) for k, v in args.items())}")
+
+
+def _load_builtins() -> None:
+    # Importing the modules runs their @register decorators.
+    from specdec.drafters import draft_model, ngram, none  # noqa: F401

@@ -1,0 +1,136 @@
+"""Torch reference kernels: the CPU production path and the oracle every Triton kernel is tested against.
+
+Conventions shared by all kernels (the Triton versions in `specdec/kernels/triton/` take the same arguments):
+
+* The paged cache of one layer is two tensors `[num_blocks, block_size, kv_heads, head_dim]`. A *slot* is
+  `block * block_size + offset`; a sequence's token at position `p` lives in slot
+  `block_tables[b, p // block_size] * block_size + p % block_size`.
+* A step's *new tokens* (a prefill chunk, one decode token, or the nodes of a draft tree) are flattened across
+  sequences: sequence `b` owns rows `query_start_loc[b]:query_start_loc[b + 1]`. Their K/V are written into the
+  cache (`write_kv`) *before* attention runs, at positions `prefix_lens[b] + i` for new token `i`.
+* Query `i` of sequence `b` sees the whole committed prefix (positions `< prefix_lens[b]`) and new token `j` iff
+  `tree_mask` allows it: bit `j % 32` of word `j // 32` of row `query_start_loc[b] + i`. `tree_mask=None` means
+  causal (`j <= i`), which serves prefill and plain decode.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+import torch.nn.functional as F
+
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+def write_kv(
+    k: Tensor,  # [T, kv_heads, head_dim]
+    v: Tensor,  # [T, kv_heads, head_dim]
+    k_cache: Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+    v_cache: Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+    slot_mapping: Tensor,  # [T] int64; slot of each new token
+) -> None:
+    """Scatter new tokens' K/V into their cache slots (in place)."""
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def copy_kv_slots(
+    k_cache: Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+    v_cache: Tensor,
+    src_slots: Tensor,  # [M] int64
+    dst_slots: Tensor,  # [M] int64
+) -> None:
+    """Copy K/V rows between slots (in place): the compaction step of tree rollback.
+
+    Sources are read before any destination is written, so overlapping moves are safe.
+    """
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    for cache in (k_cache, v_cache):
+        flat = cache.view(-1, kv_heads, head_dim)
+        flat.index_copy_(0, dst_slots, flat.index_select(0, src_slots))
+
+
+def unpack_tree_mask(words: Tensor, n: int) -> Tensor:
+    """Bit-packed rows `[R, W] int32` -> bool `[R, n]`."""
+    bits = (words.unsqueeze(-1) >> _BITS.to(words.device)) & 1  # [R, W, 32]
+    return bits.reshape(words.shape[0], -1)[:, :n].bool()
+
+
+def pack_tree_mask(mask: Tensor) -> Tensor:
+    """bool `[R, n]` -> bit-packed `[R, ceil(n / 32)] int32` (the inverse of `unpack_tree_mask`)."""
+    rows, n = mask.shape
+    width = (n + 31) // 32
+    padded = torch.zeros(rows, width * 32, dtype=torch.int64, device=mask.device)
+    padded[:, :n] = mask.to(torch.int64)
+    weights = torch.ones(32, dtype=torch.int64, device=mask.device) << torch.arange(32, device=mask.device)
+    packed = (padded.view(rows, width, 32) * weights).sum(-1)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed)  # reinterpret as int32
+    return packed.to(torch.int32)
+
+
+def gather_kv(cache: Tensor, block_table: Tensor, length: int) -> Tensor:
+    """The first `length` positions of one sequence, `[length, kv_heads, head_dim]`, read through its blocks."""
+    block_size = cache.shape[1]
+    num_blocks = (length + block_size - 1) // block_size
+    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]
+
+
+def paged_attention(
+    q: Tensor,  # [T, q_heads, head_dim]
+    k_cache: Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+    v_cache: Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+    block_tables: Tensor,  # [B, max_blocks] int32
+    prefix_lens: Tensor,  # [B] int32; committed tokens before this step's new tokens
+    query_start_loc: Tensor,  # [B + 1] int32
+    tree_mask: Tensor | None,  # [T, W] int32 bit-packed, or None for causal
+    scale: float,
+) -> Tensor:  # [T, q_heads, head_dim]
+    """Attention of every new token over its sequence's paged prefix plus the new tokens it may see.
+
+    One function serves prefill chunks, decode steps and tree verification, because all three are
+    "new tokens over a paged prefix" that differ only in the mask among the new tokens.
+    """
+    out = torch.empty_like(q)
+    starts = query_start_loc.tolist()
+    prefixes = prefix_lens.tolist()
+    q_heads, kv_heads = q.shape[1], k_cache.shape[2]
+    for b, prefix in enumerate(prefixes):
+        lo, hi = starts[b], starts[b + 1]
+        n = hi - lo
+        if n == 0:
+            continue
+        total = prefix + n
+        keys = gather_kv(k_cache, block_tables[b], total).transpose(0, 1)  # [Hkv, L, D]
+        values = gather_kv(v_cache, block_tables[b], total).transpose(0, 1)
+        queries = q[lo:hi].transpose(0, 1)  # [Hq, n, D]
+        if tree_mask is None and n == 1:
+            mask = None  # a decode step sees everything
+        else:
+            mask = torch.ones(n, total, dtype=torch.bool, device=q.device)
+            if tree_mask is None:
+                mask[:, prefix:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            else:
+                mask[:, prefix:] = unpack_tree_mask(tree_mask[lo:hi], n)
+        if q_heads != kv_heads:
+            group = q_heads // kv_heads
+            keys = keys.repeat_interleave(group, dim=0)
+            values = values.repeat_interleave(group, dim=0)
+        result = F.scaled_dot_product_attention(
+            queries.to(keys.dtype), keys, values, attn_mask=mask, scale=scale
+        )
+        out[lo:hi] = result.transpose(0, 1).to(out.dtype)
+    return out
+
+
+def decode_attention(
+    q: Tensor,  # [B, q_heads, head_dim]; one query per sequence
+    k_cache: Tensor,  # [num_blocks, block_size, kv_heads, head_dim]
+    v_cache: Tensor,
+    block_tables: Tensor,  # [B, max_blocks] int32
+    seq_lens: Tensor,  # [B] int32; tokens to attend to, the query's own (already written) token included
+    scale: float,
+) -> Tensor:  # [B, q_heads, head_dim]
+    """One query per sequence over its whole paged context: the plain-decode special case."""
+    starts = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
+    return paged_attention(q, k_cache, v_cache, block_tables, seq_lens - 1, starts, None, scale)

@@ -1,0 +1,133 @@
+"""Paged KV cache: per-layer K/V tensors, and per-sequence block tables over a shared block pool.
+
+Layout per layer: `[num_blocks, block_size, kv_heads, head_dim]`, the layout vLLM and FlashInfer use: one
+token's K (or V) for all heads is contiguous, so writing a new token is one row copy, and a block is one
+contiguous chunk that a kernel reads with a single base pointer.
+
+The cache knows nothing about trees. Tree verification appends scratch slots, then `copy` compacts the
+accepted path into place and `truncate` drops the rest; both are plain operations on a sequence's table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from specdec import kernels
+from specdec.kernels.reference import gather_kv
+from specdec.kvcache.block_pool import BlockPool
+
+
+@dataclass
+class BlockTable:
+    """One sequence's view of the cache: the blocks holding its tokens, in order, and how many tokens."""
+
+    blocks: list[int] = field(default_factory=list)
+    length: int = 0
+
+    def slot(self, position: int, block_size: int) -> int:
+        return self.blocks[position // block_size] * block_size + position % block_size
+
+
+class PagedKVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.block_size = block_size
+        self.pool = BlockPool(num_blocks)
+        shape = (num_blocks, block_size, kv_heads, head_dim)
+        self.layers: list[tuple[Tensor, Tensor]] = [
+            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+            for _ in range(num_layers)
+        ]
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * block_size * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    def blocks_needed(self, table: BlockTable, n: int) -> int:
+        """Fresh blocks `append(table, n)` would take (counting a copy-on-write of a shared last block)."""
+        bs = self.block_size
+        needed = -(-(table.length + n) // bs) - len(table.blocks)
+        if table.length % bs and n and self.pool.ref_count(table.blocks[-1]) > 1:
+            needed += 1
+        return max(needed, 0)
+
+    def can_append(self, table: BlockTable, n: int) -> bool:
+        return self.blocks_needed(table, n) <= self.pool.num_free
+
+    def append(self, table: BlockTable, n: int) -> list[int] | None:
+        """Reserve `n` more positions; returns their slots, or None (changing nothing) if blocks run out."""
+        if not self.can_append(table, n):
+            return None
+        bs = self.block_size
+        if table.length % bs and n and self.pool.ref_count(table.blocks[-1]) > 1:
+            self._copy_on_write_last(table)
+        extra = -(-(table.length + n) // bs) - len(table.blocks)
+        if extra > 0:
+            fresh = self.pool.allocate(extra)
+            assert fresh is not None  # checked by can_append
+            table.blocks.extend(fresh)
+        start = table.length
+        table.length += n
+        return [table.slot(p, bs) for p in range(start, start + n)]
+
+    def _copy_on_write_last(self, table: BlockTable) -> None:
+        """A forked sequence is about to write into a block it shares: give it its own copy first."""
+        shared = table.blocks[-1]
+        (own,) = self.pool.allocate(1) or [None]
+        assert own is not None
+        used = table.length % self.block_size
+        src = torch.arange(used) + shared * self.block_size
+        dst = torch.arange(used) + own * self.block_size
+        self.copy_slots(src.tolist(), dst.tolist())
+        self.pool.release(shared)
+        table.blocks[-1] = own
+
+    def truncate(self, table: BlockTable, length: int) -> None:
+        """Roll back to the first `length` tokens; whole blocks past the end go back to the pool."""
+        if length > table.length:
+            raise ValueError(f"cannot truncate a sequence of {table.length} tokens to {length}")
+        keep = -(-length // self.block_size)
+        for block in table.blocks[keep:]:
+            self.pool.release(block)
+        del table.blocks[keep:]
+        table.length = length
+
+    def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:
+        """Copy K/V between slots in every layer: compaction of an accepted tree path."""
+        if not src_slots:
+            return
+        device = self.layers[0][0].device
+        src = torch.tensor(src_slots, dtype=torch.int64, device=device)
+        dst = torch.tensor(dst_slots, dtype=torch.int64, device=device)
+        for k_cache, v_cache in self.layers:
+            kernels.copy_kv_slots(k_cache, v_cache, src, dst)
+
+    def fork(self, table: BlockTable) -> BlockTable:
+        """A new table sharing every block of `table`; the first write into a shared partial block copies it."""
+        for block in table.blocks:
+            self.pool.share(block)
+        return BlockTable(blocks=list(table.blocks), length=table.length)
+
+    def free(self, table: BlockTable) -> None:
+        self.truncate(table, 0)
+
+    def gather(self, table: BlockTable, layer: int) -> tuple[Tensor, Tensor]:
+        """A sequence's K and V for one layer as dense `[length, kv_heads, head_dim]` (tests, debugging)."""
+        k_cache, v_cache = self.layers[layer]
+        blocks = torch.tensor(table.blocks, dtype=torch.int64)
+        return gather_kv(k_cache, blocks, table.length), gather_kv(v_cache, blocks, table.length)

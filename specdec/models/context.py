@@ -1,0 +1,64 @@
+"""Attention metadata for one forward pass over the paged KV cache.
+
+The model forward takes only token ids and positions; everything attention needs to find a token's K/V
+travels in this one frozen object, built by the engine for each step (nano-vllm's lesson: it keeps the
+forward signature small and makes CUDA-graph capture simple).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specdec.kernels.reference import pack_tree_mask
+
+
+@dataclass(frozen=True)
+class AttentionContext:
+    slot_mapping: Tensor  # [T] int64: cache slot each new token's K/V is written to
+    block_tables: Tensor  # [B, max_blocks] int32
+    prefix_lens: Tensor  # [B] int32: tokens already in the cache before this step's new tokens
+    query_start_loc: Tensor  # [B + 1] int32: sequence b's new tokens are rows start[b]:start[b + 1]
+    tree_mask: Tensor | None  # [T, W] int32 bit-packed visibility among new tokens; None = causal
+    decode_only: bool  # every sequence has exactly one new token and no mask: the decode kernel applies
+
+    @staticmethod
+    def build(
+        block_tables: list[list[int]],
+        prefix_lens: list[int],
+        num_new: list[int],
+        slot_mapping: list[int],
+        device: torch.device,
+        masks: list[Tensor | None] | None = None,
+    ) -> "AttentionContext":
+        """Build from plain Python lists, one entry per sequence.
+
+        `masks[b]` is a bool `[n_b, n_b]` visibility matrix among sequence b's new tokens, or None for
+        causal. When every mask is None the whole batch is causal and no mask tensor is made.
+        """
+        width = max((len(t) for t in block_tables), default=1) or 1
+        tables = torch.zeros(len(block_tables), width, dtype=torch.int32)
+        for row, table in enumerate(block_tables):
+            if table:
+                tables[row, : len(table)] = torch.tensor(table, dtype=torch.int32)
+        starts = [0]
+        for n in num_new:
+            starts.append(starts[-1] + n)
+        tree_mask = None
+        if masks is not None and any(m is not None for m in masks):
+            longest = max(num_new)
+            dense = torch.zeros(starts[-1], longest, dtype=torch.bool)
+            for b, n in enumerate(num_new):
+                m = masks[b] if masks[b] is not None else torch.ones(n, n, dtype=torch.bool).tril()
+                dense[starts[b] : starts[b + 1], :n] = m
+            tree_mask = pack_tree_mask(dense).to(device)
+        return AttentionContext(
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
+            block_tables=tables.to(device),
+            prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32, device=device),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            tree_mask=tree_mask,
+            decode_only=tree_mask is None and all(n == 1 for n in num_new),
+        )

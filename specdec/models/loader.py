@@ -1,0 +1,204 @@
+"""Turn a target name into a ready model and tokenizer.
+
+A target is one of: a default-model alias (`smollm2-135m`), a Hugging Face folder, a `.gguf` file, a hub id
+(only when the hub is reachable), or `dummy:<shape>`. Everything becomes a Hugging Face folder first (GGUF
+files are converted once into the cache), and one safetensors loader reads every folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+from specdec.errors import ConfigError, ModelLoadError, OfflineError
+from specdec.models.config import ModelConfig
+from specdec.models.dummy import dummy_config
+from specdec.models.llama import LlamaModel
+from specdec.models.tokenizer import ByteTokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaModel
+    tokenizer: Any  # a transformers tokenizer, or ByteTokenizer for dummy targets
+    source: str  # where the weights came from (a folder, or "dummy:<shape>")
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype '{name}'; choose one of: {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def parse_device(name: str | torch.device) -> torch.device:
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ConfigError(f"unknown device '{name}'; use cpu or cuda[:N]") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device 'cuda' was asked for, but no CUDA GPU is available here; use --device cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device '{name}' is not supported; use cpu or cuda[:N]")
+    return device
+
+
+def resolve_target(target: str, show_progress: bool = True) -> Path:
+    """The local Hugging Face folder holding `target`, fetching or converting it first if needed."""
+    from specdec.models import registry
+
+    if registry.is_alias(target):
+        return registry.resolve_alias(target, show_progress=show_progress)
+    path = Path(target).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        from specdec.models.gguf_convert import convert_gguf, gguf_cache_dir
+
+        folder = gguf_cache_dir(path)
+        if not (folder / "config.json").is_file():
+            convert_gguf(path, folder, show_progress=show_progress)
+        return folder
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is not a model folder: it has no config.json")
+        return path
+    if path.exists():
+        raise ModelLoadError(f"{path} is neither a model folder nor a .gguf file")
+    if target.count("/") == 1 and not target.startswith((".", "/", "~")):
+        return _download_from_hub(target)
+    raise ModelLoadError(
+        f"model not found: '{target}'. Give a default-model alias ({', '.join(registry.ALIASES)}), "
+        "a Hugging Face folder, a .gguf file, a hub id (owner/name, online only) or dummy:<shape>"
+    )
+
+
+def _download_from_hub(repo_id: str) -> Path:
+    if os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0"):
+        raise OfflineError(f"'{repo_id}' looks like a hub id, but HF_HUB_OFFLINE is set; give a local folder")
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = snapshot_download(
+            repo_id,
+            allow_patterns=["config.json", "generation_config.json", "*.safetensors", "*.safetensors.index.json",
+                            "tokenizer*", "special_tokens_map.json", "*.jinja"],
+        )
+    except Exception as exc:  # the hub client raises many kinds; all mean "could not fetch"
+        raise OfflineError(
+            f"cannot fetch '{repo_id}' from the Hugging Face hub ({type(exc).__name__}). "
+            "If this machine is offline, download the model elsewhere and pass its folder instead"
+        ) from None
+    return Path(folder)
+
+
+def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a folder's safetensors files (single file or sharded with an index)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder} holds no .safetensors weights")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        try:
+            with safe_open(str(folder / name), framework="pt") as handle:
+                for key in handle.keys():
+                    tensors[key] = handle.get_tensor(key)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot read weights {folder / name}: {exc}") from None
+    return tensors
+
+
+def to_engine_weights(hf: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Rename transformers' parameter names to ours, fusing q/k/v and gate/up projections."""
+    def take(key: str) -> torch.Tensor:
+        full = key if key in hf else f"model.{key}"
+        if full not in hf:
+            raise ModelLoadError(f"checkpoint lacks the tensor '{full}'")
+        return hf[full]
+
+    out = {"embed_tokens.weight": take("embed_tokens.weight"), "norm.weight": take("norm.weight")}
+    if not config.tie_embeddings:
+        out["lm_head.weight"] = hf.get("lm_head.weight", out["embed_tokens.weight"])
+    for i in range(config.num_layers):
+        p = f"layers.{i}."
+        attn = p + "self_attn."
+        out[attn + "qkv_proj.weight"] = torch.cat([take(f"{attn}{n}_proj.weight") for n in "qkv"])
+        if config.qkv_bias:
+            out[attn + "qkv_proj.bias"] = torch.cat([take(f"{attn}{n}_proj.bias") for n in "qkv"])
+        out[attn + "o_proj.weight"] = take(attn + "o_proj.weight")
+        out[p + "mlp.gate_up_proj.weight"] = torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")])
+        out[p + "mlp.down_proj.weight"] = take(p + "mlp.down_proj.weight")
+        out[p + "input_layernorm.weight"] = take(p + "input_layernorm.weight")
+        out[p + "post_attention_layernorm.weight"] = take(p + "post_attention_layernorm.weight")
+    return out
+
+
+def build_model(config: ModelConfig, weights: dict[str, torch.Tensor] | None, dtype: torch.dtype,
+                device: torch.device, seed: int = 0) -> LlamaModel:
+    """Our model from engine-named weights, or with random weights when `weights` is None."""
+    with torch.device("meta"):
+        model = LlamaModel(config, device="meta")
+    if weights is None:
+        weights = _random_weights(model, dtype, device, seed)
+    weights = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+    missing = set(model.state_dict()) - set(weights) - ({"lm_head.weight"} if config.tie_embeddings else set())
+    if missing:
+        raise ModelLoadError(f"checkpoint lacks tensors: {', '.join(sorted(missing)[:5])}")
+    shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    for name, tensor in weights.items():
+        expected = shapes.get(name)
+        if expected is not None and tuple(tensor.shape) != expected:
+            raise ModelLoadError(f"tensor {name} has shape {tuple(tensor.shape)}, the config implies {expected}")
+    model.load_state_dict(weights, strict=False, assign=True)
+    if config.tie_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    model.rope = type(model.rope)(config, device)
+    return model.eval().requires_grad_(False)
+
+
+def _random_weights(model: LlamaModel, dtype: torch.dtype, device: torch.device, seed: int) -> dict:
+    generator = torch.Generator(device=device).manual_seed(seed)
+    weights = {}
+    for name, param in model.state_dict().items():
+        if name.endswith("norm.weight"):
+            weights[name] = torch.ones(param.shape, dtype=dtype, device=device)
+        else:
+            weights[name] = (torch.randn(param.shape, generator=generator, device=device) * 0.02).to(dtype)
+    return weights
+
+
+def load_model(target: str, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
+               show_progress: bool = True) -> LoadedModel:
+    """Load any supported target onto a device, in a dtype."""
+    torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
+    if target.startswith("dummy:"):
+        config = dummy_config(target.split(":", 1)[1])
+        model = build_model(config, None, torch_dtype, torch_device)
+        return LoadedModel(model, ByteTokenizer(config.vocab_size, config.eos_token_ids), target)
+    folder = resolve_target(target, show_progress=show_progress)
+    config = ModelConfig.from_file(folder / "config.json")
+    weights = to_engine_weights(load_state_dict(folder), config)
+    model = build_model(config, weights, torch_dtype, torch_device)
+    return LoadedModel(model, load_tokenizer(folder), str(folder))
+
+
+def load_tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as exc:
+        raise ModelLoadError(f"cannot load the tokenizer in {folder}: {exc}") from None

@@ -1,0 +1,56 @@
+"""Logits processing and seeded sampling, shared by the verifier and by drafters.
+
+The verifier must accept against the distribution the user asked for: temperature, top-k and top-p are applied
+to the *target* logits before any acceptance test (forgetting this makes speculative sampling silently
+different from plain sampling).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specdec.config import SamplingParams
+
+
+def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
+    """Rows of logits `[N, V]` -> the distribution each row samples from under `params` (float32)."""
+    logits = logits.float()
+    if params.greedy:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = logits.topk(params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        probs = _top_p(probs, params.top_p)
+    return probs
+
+
+def _top_p(probs: Tensor, top_p: float) -> Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one), renormalised."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return kept / kept.sum(-1, keepdim=True)
+
+
+def sample(probs: Tensor, generator: torch.Generator | None) -> int:
+    """One token from a distribution `[V]`."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def uniform(generator: torch.Generator | None, device: torch.device) -> float:
+    return float(torch.rand((), generator=generator, device=device).item())
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    """A per-request generator, so a seeded request samples the same tokens whatever runs beside it."""
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
