@@ -29,13 +29,13 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):
             object.__setattr__(self, "stop", tuple(self.stop))
-        _check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+        _check(_is_int(self.max_new_tokens) and self.max_new_tokens >= 1,
                f"max_new_tokens must be a positive integer, got {self.max_new_tokens!r}")
         _check(_is_number(self.temperature) and 0 <= self.temperature <= 100,
                f"temperature must be between 0 and 100, got {self.temperature!r}")
-        _check(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k!r}")
+        _check(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k!r}")
         _check(_is_number(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        _check(self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
+        _check(self.seed is None or (_is_int(self.seed) and self.seed >= 0),
                f"seed must be a non-negative integer, got {self.seed!r}")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop strings must be non-empty strings")
 
@@ -61,13 +61,17 @@ class EngineConfig:
         for name in ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "max_tree_nodes",
                      "prefill_chunk"):
             value = getattr(self, name)
-            _check(isinstance(value, int) and value > 0, f"{name} must be a positive integer, got {value!r}")
+            _check(_is_int(value) and value > 0, f"{name} must be a positive integer, got {value!r}")
         _check(self.max_tree_nodes <= self.max_num_batched_tokens,
                "max_tree_nodes cannot exceed max_num_batched_tokens")
 
     @property
     def num_blocks(self) -> int:
         return -(-self.kv_cache_tokens // self.block_size)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value: object) -> bool:

@@ -51,6 +51,8 @@ def chain(k: int) -> TreeSpec:
 
 def static(choices: list[Choice]) -> TreeSpec:
     ordered = sorted({tuple(c) for c in choices}, key=lambda c: (len(c), c))
+    if not ordered:
+        raise ConfigError("a static tree needs at least one choice path, e.g. [[0], [0, 0]]")
     known = set(ordered)
     for c in ordered:
         if not c or any(i < 0 for i in c):

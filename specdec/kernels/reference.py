@@ -89,38 +89,47 @@ def paged_attention(
     """Attention of every new token over its sequence's paged prefix plus the new tokens it may see.
 
     One function serves prefill chunks, decode steps and tree verification, because all three are
-    "new tokens over a paged prefix" that differ only in the mask among the new tokens.
+    "new tokens over a paged prefix" that differ only in the mask among the new tokens. The batch is padded
+    to its longest sequence and run as one SDPA call: on a CPU, one call over a padded batch is much cheaper
+    than a Python loop of small calls.
     """
-    out = torch.empty_like(q)
-    starts = query_start_loc.tolist()
-    prefixes = prefix_lens.tolist()
-    q_heads, kv_heads = q.shape[1], k_cache.shape[2]
-    for b, prefix in enumerate(prefixes):
-        lo, hi = starts[b], starts[b + 1]
-        n = hi - lo
-        if n == 0:
-            continue
-        total = prefix + n
-        keys = gather_kv(k_cache, block_tables[b], total).transpose(0, 1)  # [Hkv, L, D]
-        values = gather_kv(v_cache, block_tables[b], total).transpose(0, 1)
-        queries = q[lo:hi].transpose(0, 1)  # [Hq, n, D]
-        if tree_mask is None and n == 1:
-            mask = None  # a decode step sees everything
-        else:
-            mask = torch.ones(n, total, dtype=torch.bool, device=q.device)
-            if tree_mask is None:
-                mask[:, prefix:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-            else:
-                mask[:, prefix:] = unpack_tree_mask(tree_mask[lo:hi], n)
-        if q_heads != kv_heads:
-            group = q_heads // kv_heads
-            keys = keys.repeat_interleave(group, dim=0)
-            values = values.repeat_interleave(group, dim=0)
-        result = F.scaled_dot_product_attention(
-            queries.to(keys.dtype), keys, values, attn_mask=mask, scale=scale
-        )
-        out[lo:hi] = result.transpose(0, 1).to(out.dtype)
-    return out
+    device = q.device
+    num_seqs = prefix_lens.shape[0]
+    counts = (query_start_loc[1:] - query_start_loc[:-1]).long()  # [B]
+    totals = prefix_lens.long() + counts  # [B] keys per sequence
+    n_max, l_max = int(counts.max()), int(totals.max())
+    block_size, kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+
+    # Keys and values, padded: [B, L, Hkv, D], read through each sequence's block table.
+    pos = torch.arange(l_max, device=device)
+    key_valid = pos[None, :] < totals[:, None]  # [B, L]
+    blocks = block_tables.long().gather(1, (pos // block_size).clamp(max=block_tables.shape[1] - 1).expand(num_seqs, -1))
+    slots = torch.where(key_valid, blocks * block_size + pos % block_size, 0)
+    keys = k_cache.view(-1, kv_heads, head_dim)[slots]
+    values = v_cache.view(-1, kv_heads, head_dim)[slots]
+
+    # Queries, padded: [B, n, Hq, D]; row r of sequence b is flat row start[b] + r.
+    rows = torch.arange(n_max, device=device)
+    query_valid = rows[None, :] < counts[:, None]  # [B, n]
+    flat = torch.where(query_valid, query_start_loc[:-1, None].long() + rows[None, :], 0)
+    queries = q[flat]
+
+    # Visibility [B, n, L]: the whole prefix, then the new tokens the mask allows.
+    new_index = pos[None, None, :] - prefix_lens.long()[:, None, None]  # key's index among the new tokens
+    if tree_mask is None:
+        among_new = new_index <= rows[None, :, None]
+    else:
+        bits = unpack_tree_mask(tree_mask, tree_mask.shape[1] * 32)[flat]  # [B, n, W*32]
+        among_new = bits.gather(2, new_index.clamp(0, bits.shape[2] - 1).expand(-1, n_max, -1))
+    mask = (new_index < 0) | among_new
+    mask &= key_valid[:, None, :]
+    mask |= ~query_valid[:, :, None]  # padding rows see everything (discarded), so softmax stays finite
+
+    out = F.scaled_dot_product_attention(
+        queries.transpose(1, 2).to(keys.dtype), keys.transpose(1, 2), values.transpose(1, 2),
+        attn_mask=mask[:, None], scale=scale, enable_gqa=q.shape[1] != kv_heads,
+    ).transpose(1, 2)  # [B, n, Hq, D]
+    return out[query_valid].to(q.dtype)
 
 
 def decode_attention(

@@ -1,0 +1,124 @@
+"""Prompt sets: the bench prompts in `bench/prompts/` and the draft-head training corpus.
+
+Prompt files are JSON Lines (UTF-8, one JSON object per line). Every object needs a non-empty string
+`"prompt"`; the bench files also carry `"id"`, `"category"`, `"split"` (`"dev"` or `"test"`) and, for
+multi-turn conversations, `"turns"` (a list of user messages whose first element is the prompt).
+
+    load_prompts(path)                         # any JSONL prompt file, validated
+    bench_prompts(["math", "code"], "dev")     # the repo's bench prompts, filtered
+    train_prompts()                            # specdec/data/train_prompts.jsonl (self-distillation)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specdec.errors import ConfigError, SpecdecError
+
+BENCH_DIR = Path(__file__).resolve().parents[2] / "bench" / "prompts"
+TRAIN_PROMPTS_PATH = Path(__file__).resolve().parent / "train_prompts.jsonl"
+CATEGORIES = ("conversation", "translation", "summarization", "qa", "math", "rag", "code")
+SPLITS = ("dev", "test")
+
+__all__ = [
+    "BENCH_DIR", "CATEGORIES", "SPLITS", "TRAIN_PROMPTS_PATH", "PromptFileError", "PromptFileNotFoundError",
+    "bench_prompts", "load_prompts", "train_prompts",
+]
+
+
+class PromptFileNotFoundError(SpecdecError, FileNotFoundError):
+    """A prompt file does not exist."""
+
+
+class PromptFileError(ConfigError):
+    """A prompt file exists but its content is not valid (a `ValueError`)."""
+
+
+def load_prompts(path: str | Path) -> list[dict]:
+    """Read a JSONL prompt file and return its records in file order.
+
+    Blank lines are skipped. Raises `FileNotFoundError` (naming the path) when the file is missing, and
+    `ValueError` naming the file and line number when a line is not UTF-8, not a JSON object, lacks a
+    non-empty string `"prompt"`, has a malformed `"turns"`, or repeats an earlier `"id"`.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise PromptFileNotFoundError(f"prompt file not found: {p}")
+    if not p.is_file():
+        raise PromptFileError(f"{p} is not a file; expected a JSONL prompt file (one JSON object per line)")
+    records: list[dict] = []
+    ids: dict[str, int] = {}
+    with p.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{p}, line {lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise PromptFileError(f"{where}: not valid UTF-8 ({e.reason})") from None
+            if lineno == 1:
+                line = line.removeprefix("\ufeff")
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PromptFileError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(rec, dict):
+                raise PromptFileError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+            if "prompt" not in rec:
+                raise PromptFileError(f"{where}: missing required field \"prompt\"")
+            if not isinstance(rec["prompt"], str) or not rec["prompt"].strip():
+                raise PromptFileError(f"{where}: field \"prompt\" must be a non-empty string")
+            turns = rec.get("turns")
+            if turns is not None and (
+                not isinstance(turns, list) or not turns
+                or not all(isinstance(t, str) and t.strip() for t in turns)
+            ):
+                raise PromptFileError(f"{where}: field \"turns\" must be a non-empty list of non-empty strings")
+            if "id" in rec:
+                if rec["id"] in ids:
+                    first = ids[rec["id"]]
+                    raise PromptFileError(f"{where}: duplicate id {rec['id']!r} (first used on line {first})")
+                ids[rec["id"]] = lineno
+            records.append(rec)
+    return records
+
+
+def bench_prompts(
+    categories: list[str] | None = None, split: str | None = None, *, directory: str | Path | None = None
+) -> list[dict]:
+    """Load the bench prompts, category by category in the given order (default: all of `CATEGORIES`).
+
+    `split` keeps only `"dev"` or only `"test"` prompts (default: both). `directory` points at another
+    folder laid out like `bench/prompts/` (one `<category>.jsonl` per category); it defaults to `BENCH_DIR`.
+    """
+    root = Path(directory) if directory is not None else BENCH_DIR
+    if split is not None and split not in SPLITS:
+        raise ConfigError(f"unknown split {split!r}; use one of {', '.join(SPLITS)} (or None for both)")
+    if categories is None:
+        categories = list(CATEGORIES)
+    elif isinstance(categories, str):
+        categories = [categories]
+    unknown = [c for c in categories if not (root / f"{c}.jsonl").is_file()]
+    if unknown:
+        available = sorted(f.stem for f in root.glob("*.jsonl")) if root.is_dir() else []
+        raise PromptFileNotFoundError(
+            f"no prompt file for categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(map(repr, unknown))} "
+            f"in {root}; available: {', '.join(available) or 'none'}"
+        )
+    out: list[dict] = []
+    for category in categories:
+        for rec in load_prompts(root / f"{category}.jsonl"):
+            if split is None or rec.get("split") == split:
+                out.append(rec)
+    return out
+
+
+def train_prompts(categories: list[str] | None = None) -> list[dict]:
+    """Load the self-distillation corpus `specdec/data/train_prompts.jsonl`, optionally by category."""
+    records = load_prompts(TRAIN_PROMPTS_PATH)
+    if categories is None:
+        return records
+    wanted = set(categories)
+    return [r for r in records if r.get("category") in wanted]

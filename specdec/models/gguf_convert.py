@@ -1,0 +1,388 @@
+"""Convert a llama-family GGUF file into a Hugging Face folder, once.
+
+Loading a GGUF through transformers dequantizes every tensor and rebuilds the tokenizer on every load
+(~35 s for SmolLM2-135M). We do that work once and keep the result as an ordinary HF folder
+(`model.safetensors` in float32, `config.json`, tokenizer files), which then loads in about a second.
+
+The folder is assembled in a hidden sibling directory and renamed into place at the end, so a crash or
+Ctrl-C never leaves a half-written model behind. Heavy imports (torch, transformers, gguf) happen inside
+the functions so that `specdec models` and friends stay fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from specdec.errors import ModelLoadError, UnsupportedModelError
+
+# Bump when the folder layout or tensor conversion changes: cached folders with an older version are
+# converted again.
+CONVERSION_VERSION = 1
+SOURCE_FILE = "specdec_source.json"
+
+# `general.architecture` values whose tensors map onto a llama-style transformers model, and the
+# transformers model types they may become (llama.cpp stores Mistral as "llama").
+_GGUF_ARCHITECTURES = ("llama", "qwen2")
+_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_HASH_CHUNK = 1 << 20
+
+
+def convert_gguf(
+    gguf_path: Path,
+    out_dir: Path,
+    show_progress: bool = True,
+    *,
+    source_info: dict[str, Any] | None = None,
+) -> Path:
+    """Convert `gguf_path` into an HF folder at `out_dir` (replacing it atomically) and return `out_dir`.
+
+    `source_info` adds fields (for example the alias and wheel it came from) to `specdec_source.json`.
+    Raises `ModelLoadError` when the file is not a readable GGUF and `UnsupportedModelError` when its
+    architecture is not llama-family.
+    """
+    gguf_path = Path(gguf_path).expanduser().resolve()
+    out_dir = Path(out_dir).expanduser().absolute()
+    started = time.perf_counter()
+    with _Stages(show_progress) as stages:
+        stages.start("reading GGUF")
+        reader = _open_reader(gguf_path)
+        architecture = _field(reader, "general.architecture")
+        if architecture not in _GGUF_ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"cannot read GGUF file {gguf_path}: architecture {architecture!r} is not supported "
+                f"(specdec runs llama-family models: {', '.join(_GGUF_ARCHITECTURES)})"
+            )
+        config = _read_config(gguf_path)
+        sha256 = _sha256(gguf_path)
+
+        stages.start("dequantizing", total=len(reader.tensors))
+        state_dict = _dequantize(reader, architecture, config, gguf_path, stages.advance)
+
+        stages.start("converting tokenizer")
+        tokenizer = _read_tokenizer(gguf_path, config)
+
+        stages.start("writing safetensors")
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_partials(out_dir)
+        tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            tmp.mkdir()
+            _write_folder(tmp, state_dict, config, tokenizer)
+            source = {
+                "source_file": gguf_path.name,
+                "source_path": str(gguf_path),
+                "size": gguf_path.stat().st_size,
+                "sha256": sha256,
+                "conversion_version": CONVERSION_VERSION,
+                "gguf_architecture": architecture,
+                "gguf_file_type": _file_type_name(reader),
+                "tie_word_embeddings": bool(config.tie_word_embeddings),
+                "converted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                **(source_info or {}),
+            }
+            (tmp / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
+            _replace_dir(tmp, out_dir)
+        except OSError as e:
+            raise ModelLoadError(f"cannot write the converted model to {out_dir}: {e}") from e
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if show_progress:
+        elapsed = time.perf_counter() - started
+        _console().print(f"converted {gguf_path.name} -> {out_dir} in {elapsed:.1f} s", soft_wrap=True)
+    return out_dir
+
+
+def gguf_cache_dir(gguf_path: Path) -> Path:
+    """Where a user-provided `.gguf` is converted: keyed by file name, size and mtime, so an edited or
+    replaced file converts again and an unchanged one converts once."""
+    from specdec.models.registry import cache_root
+
+    gguf_path = Path(gguf_path).expanduser().resolve()
+    try:
+        st = gguf_path.stat()
+    except OSError as e:
+        raise ModelLoadError(f"cannot read GGUF file {gguf_path}: {e.strerror or e}") from e
+    key = hashlib.sha256(f"{gguf_path.name}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:12]
+    return cache_root() / "gguf" / f"{gguf_path.stem}-{key}"
+
+
+def ensure_converted(gguf_path: Path, show_progress: bool = True) -> Path:
+    """The converted HF folder for a user-provided `.gguf`, converting it on first use only."""
+    out_dir = gguf_cache_dir(gguf_path)
+    if is_current(out_dir):
+        return out_dir
+    return convert_gguf(gguf_path, out_dir, show_progress)
+
+
+def read_source_info(folder: Path) -> dict[str, Any] | None:
+    """The `specdec_source.json` of a converted folder, or None when absent or unreadable."""
+    try:
+        return json.loads((Path(folder) / SOURCE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def is_current(folder: Path, sha256: str | None = None) -> bool:
+    """True when `folder` is a complete conversion by this conversion version (of `sha256`, if given)."""
+    info = read_source_info(folder)
+    if info is None or info.get("conversion_version") != CONVERSION_VERSION:
+        return False
+    return sha256 is None or info.get("sha256") == sha256
+
+
+# --- reading -------------------------------------------------------------------------------------------
+
+
+def _open_reader(gguf_path: Path):
+    from gguf import GGUFReader
+
+    try:
+        with gguf_path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read GGUF file {gguf_path}: {e.strerror or e}") from e
+    if magic != b"GGUF":
+        raise ModelLoadError(
+            f"cannot read GGUF file {gguf_path}: not a GGUF file (starts with {magic!r}, expected b'GGUF')"
+        )
+    try:
+        return GGUFReader(gguf_path)
+    except Exception as e:  # the reader raises bare ValueErrors/IndexErrors from numpy on bad data
+        size = gguf_path.stat().st_size
+        raise ModelLoadError(
+            f"cannot read GGUF file {gguf_path}: the file is truncated or corrupt ({size:,} bytes; {e})"
+        ) from e
+
+
+def _field(reader, key: str) -> Any:
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+def _file_type_name(reader) -> str | None:
+    from gguf import LlamaFileType
+
+    value = _field(reader, "general.file_type")
+    try:
+        return LlamaFileType(value).name.removeprefix("MOSTLY_")
+    except ValueError:
+        return None if value is None else str(value)
+
+
+def _read_config(gguf_path: Path):
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    except Exception as e:
+        raise ModelLoadError(f"cannot read GGUF file {gguf_path}: bad model metadata ({e})") from e
+    if config.model_type not in _MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"cannot read GGUF file {gguf_path}: model type {config.model_type!r} is not supported "
+            f"(specdec runs llama-family models: {', '.join(_MODEL_TYPES)})"
+        )
+    return config
+
+
+def _dequantize(reader, architecture: str, config, gguf_path: Path, advance) -> dict:
+    """Float32 state dict under transformers' names, with llama.cpp's q/k row permutation undone."""
+    import numpy as np
+    import torch
+    from gguf import MODEL_ARCH_NAMES, dequantize, get_tensor_name_map
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    config.architectures = [type(model).__name__]
+    expected = list(model.state_dict())
+    arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == architecture)
+    name_map = get_tensor_name_map(arch, config.num_hidden_layers)
+    gguf_to_hf = {}
+    for hf_name in expected:
+        base, _, suffix = hf_name.rpartition(".")
+        gguf_name = name_map.get_name(base)
+        if gguf_name is not None:
+            gguf_to_hf[f"{gguf_name}.{suffix}"] = hf_name
+
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
+    state_dict = {}
+    for tensor in reader.tensors:
+        hf_name = gguf_to_hf.get(tensor.name)
+        if hf_name is not None:
+            try:
+                weights = dequantize(tensor.data, tensor.tensor_type)
+            except Exception as e:
+                raise ModelLoadError(
+                    f"cannot read GGUF file {gguf_path}: cannot dequantize {tensor.name} "
+                    f"({tensor.tensor_type.name}): {e}"
+                ) from e
+            weights = processor.process(weights=weights, name=tensor.name).weights
+            weights = np.require(weights, dtype=np.float32, requirements=["C", "W"])
+            state_dict[hf_name] = torch.from_numpy(weights)
+        advance()
+
+    if config.tie_word_embeddings:
+        expected = [k for k in expected if k != "lm_head.weight"]
+    missing = [k for k in expected if k not in state_dict]
+    if missing:
+        raise ModelLoadError(
+            f"cannot read GGUF file {gguf_path}: it lacks {len(missing)} tensor(s) the model needs, "
+            f"e.g. {', '.join(missing[:3])}"
+        )
+    for name, tensor in state_dict.items():
+        want = model.get_parameter(name).shape
+        if tensor.shape != want:
+            raise ModelLoadError(
+                f"cannot read GGUF file {gguf_path}: tensor {name} has shape {tuple(tensor.shape)}, "
+                f"the config implies {tuple(want)}"
+            )
+    return state_dict
+
+
+def _read_tokenizer(gguf_path: Path, config):
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    except Exception as e:
+        raise ModelLoadError(f"cannot read GGUF file {gguf_path}: cannot build its tokenizer ({e})") from e
+    tokenizer.model_max_length = config.max_position_embeddings
+    return tokenizer
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --- writing -------------------------------------------------------------------------------------------
+
+
+def _write_folder(folder: Path, state_dict: dict, config, tokenizer) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig
+
+    config.dtype = torch.float32
+    weights = folder / "model.safetensors"
+    save_file(state_dict, str(weights), metadata={"format": "pt"})
+    config.save_pretrained(folder)
+    weights.chmod((folder / "config.json").stat().st_mode & 0o777)  # safetensors writes 0600
+    GenerationConfig.from_model_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    _complete_tokenizer_files(folder, tokenizer)
+
+
+def _complete_tokenizer_files(folder: Path, tokenizer) -> None:
+    """transformers 5 keeps the chat template in chat_template.jinja and no longer writes
+    special_tokens_map.json; add both back for readers that expect the older layout."""
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for load_time_key in ("is_local", "local_files_only"):
+        cfg.pop(load_time_key, None)
+    if tokenizer.chat_template and "chat_template" not in cfg:
+        cfg["chat_template"] = tokenizer.chat_template
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    special = folder / "special_tokens_map.json"
+    if not special.exists():
+        special.write_text(json.dumps(tokenizer.special_tokens_map, indent=2, ensure_ascii=False) + "\n")
+
+
+def _replace_dir(tmp: Path, out_dir: Path) -> None:
+    """Rename `tmp` to `out_dir`; an existing `out_dir` is moved aside first and deleted afterwards."""
+    old = None
+    if out_dir.exists():
+        old = out_dir.parent / f".{out_dir.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        out_dir.rename(old)
+    try:
+        tmp.rename(out_dir)
+    except OSError:
+        if old is not None and not out_dir.exists():
+            old.rename(out_dir)
+            old = None
+        if not is_current(out_dir):  # another process finished the same conversion first: keep theirs
+            raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_stale_partials(out_dir: Path) -> None:
+    """Delete leftovers of conversions whose process died (SIGKILL, power loss)."""
+    for pattern in (f".{out_dir.name}.partial-*", f".{out_dir.name}.old-*"):
+        for path in out_dir.parent.glob(pattern):
+            try:
+                pid = int(path.name.rsplit("-", 2)[-2])
+            except ValueError:
+                continue
+            if not _pid_alive(pid):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+# --- progress ------------------------------------------------------------------------------------------
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+class _Stages(contextlib.AbstractContextManager):
+    """A transient progress line per stage on a terminal (spinner, stage name, a bar for stages with a
+    total, time); one plain line per stage elsewhere, for logs."""
+
+    def __init__(self, show: bool):
+        from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        console = _console()
+        self._log = console if show and not console.is_terminal else None
+        self._progress = Progress(
+            SpinnerColumn(),
+            TextColumn("converting GGUF: {task.description}"),
+            BarColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+            disable=not show or self._log is not None,
+        )
+        self._task = None
+
+    def __enter__(self) -> _Stages:
+        self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._progress.__exit__(*exc)
+
+    def start(self, stage: str, total: int | None = None) -> None:
+        if self._log is not None:
+            self._log.print(f"converting GGUF: {stage}", soft_wrap=True)
+        if self._task is not None:
+            self._progress.remove_task(self._task)
+        self._task = self._progress.add_task(stage, total=total)
+
+    def advance(self) -> None:
+        self._progress.advance(self._task)

@@ -1,0 +1,47 @@
+"""Shared builders for tests: tiny random models of real architectures, and engines around them."""
+
+from __future__ import annotations
+
+import torch
+
+from specdec.config import EngineConfig
+from specdec.drafters.base import Drafter
+from specdec.engine import Engine
+from specdec.models.config import ModelConfig
+from specdec.models.loader import build_model
+from specdec.models.llama import LlamaModel
+from specdec.tree_spec import TreeSpec
+
+
+def tiny_config(vocab: int = 16, layers: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2) -> ModelConfig:
+    return ModelConfig.from_dict({
+        "architectures": ["LlamaForCausalLM"], "vocab_size": vocab, "hidden_size": hidden,
+        "intermediate_size": 2 * hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+    })
+
+
+def tiny_model(seed: int, vocab: int = 16, sharpness: float = 1.0) -> LlamaModel:
+    """A random model whose next-token distributions are far from uniform (`sharpness` scales the LM head)."""
+    model = build_model(tiny_config(vocab), None, torch.float32, torch.device("cpu"), seed=seed)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(seed + 1000)
+        model.lm_head.weight.copy_(torch.randn(model.lm_head.weight.shape, generator=gen) * sharpness)
+        model.embed_tokens.weight.copy_(torch.randn(model.embed_tokens.weight.shape, generator=gen))
+    return model
+
+
+class NoTokenizer:
+    eos_token_id = None
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def tiny_engine(model: LlamaModel, drafter: Drafter, tree: TreeSpec, **config) -> Engine:
+    return Engine(model, NoTokenizer(), EngineConfig(**config), drafter, tree)
+
+
+def run_all(engine: Engine) -> None:
+    while engine.has_unfinished():
+        engine.step()
