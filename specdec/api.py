@@ -52,17 +52,35 @@ class LLM:
     ) -> None:
         if num_threads:
             torch.set_num_threads(num_threads)
-        self.loaded: LoadedModel = load_model(target, device, dtype, show_progress=show_progress)
+        loaded = load_model(target, device, dtype, show_progress=show_progress)
+        self._setup(loaded, target, drafter, tree, quantize, engine_config)
+
+    @classmethod
+    def from_loaded(cls, loaded: LoadedModel, drafter: str = "none", tree: str | None = None,
+                    quantize: str | None = None, engine_config: EngineConfig | None = None) -> "LLM":
+        """An LLM around a model already in memory (tests, benches comparing drafters on one model)."""
+        llm = cls.__new__(cls)
+        llm._setup(loaded, loaded.source, drafter, tree, quantize, engine_config)
+        return llm
+
+    def _setup(self, loaded: LoadedModel, target: str, drafter: str, tree: str | None, quantize: str | None,
+               engine_config: EngineConfig | None) -> None:
+        self.loaded = loaded
         self.target = target
         self.quantize = quantize
         if quantize not in (None, "none", "int8"):
             raise ConfigError(f"unknown quantization '{quantize}'; choose int8 or none")
-        if quantize == "int8":
-            if self.loaded.model.device.type != "cpu":
+        if quantize == "none":
+            quantize = self.quantize = None
+        if loaded.quantized != quantize:
+            if quantize != "int8" or loaded.quantized is not None:
+                raise ConfigError(f"the loaded model is quantized as {loaded.quantized}; it cannot serve {quantize}")
+            if loaded.model.device.type != "cpu":
                 raise ConfigError("int8 quantization uses CPU kernels (fbgemm); on CUDA use bfloat16 instead")
             from specdec.models.quant import quantize_int8_
 
-            quantize_int8_(self.loaded.model)
+            quantize_int8_(loaded.model)
+            loaded.quantized = "int8"
         self.engine_config = engine_config or EngineConfig()
         self.use(drafter, tree)
 

@@ -75,7 +75,7 @@ class DraftModelDrafter:
         elif spec.kind == "chain":
             trees = self._chains(seqs, tables, root_logits, spec.depth)
         else:
-            trees = [self._tree(seq, table, logits, spec) for seq, table, logits in zip(seqs, tables, root_logits)]
+            trees = self._trees(seqs, tables, root_logits, spec)
         for table, length in zip(tables, committed):
             self.runner.cache.truncate(table, length)
         return trees
@@ -102,42 +102,74 @@ class DraftModelDrafter:
             trees.append(TokenTree.chain([seq.last_token] + drafted[i], rows))
         return trees
 
-    def _tree(self, seq: Sequence, table: BlockTable, root_logits: Tensor, spec: TreeSpec) -> TokenTree:
-        """Grow a tree depth by depth; each depth re-feeds the partial tree (our attention sees the prefix plus
-        a mask among the new tokens, so the tree so far is passed as new tokens)."""
-        tokens, parents, scores = [seq.last_token], [-1], [0.0]
-        frontier, frontier_logits = [0], root_logits[None]
-        prefix = table.length
+    def _trees(self, seqs: list[Sequence], tables: list[BlockTable], root_logits: list[Tensor],
+               spec: TreeSpec) -> list[TokenTree]:
+        """Grow every sequence's tree depth by depth, one batched draft forward per depth. Each depth re-feeds
+        the partial tree as new tokens (our attention sees the prefix plus a mask among the new tokens)."""
+        growths = [_TreeGrowth(seq.last_token) for seq in seqs]
+        frontier_logits = [logits[None] for logits in root_logits]
+        prefixes = [table.length for table in tables]
         for depth in range(1, spec.depth + 1):
-            logp = torch.log_softmax(frontier_logits.float(), dim=-1)
-            top = logp.topk(min(spec.topk, logp.shape[-1]), dim=-1)
-            candidates = []
-            for row, node in enumerate(frontier):
-                for value, token in zip(top.values[row].tolist(), top.indices[row].tolist()):
-                    candidates.append((scores[node] + value, node, token))
-            candidates.sort(key=lambda c: -c[0])
-            rank_limit = spec.topk if spec.kind == "dynamic" else len(candidates)
-            new_nodes = []
-            for score, parent, token in candidates[:rank_limit]:
-                if spec.kind == "static" and not _in_static(spec, tokens, parents, parent, token, top):
+            active = []
+            for i, growth in enumerate(growths):
+                if growth.done:
                     continue
-                if len(tokens) - 1 >= spec.budget:
-                    break
-                new_nodes.append(len(tokens))
-                tokens.append(token)
-                parents.append(parent)
-                scores.append(score)
-            if not new_nodes or depth == spec.depth or len(tokens) - 1 >= spec.budget:
+                growth.expand(frontier_logits[i], spec)
+                growth.done = not growth.frontier or depth == spec.depth or growth.size >= spec.budget
+                if not growth.done:
+                    active.append(i)
+            if not active:
                 break
-            tree = TokenTree.from_parents(tokens, parents)
-            nodes = list(range(1, len(tokens)))
-            chunk = Chunk(table, tokens[1:], (tree.depth[1:] + prefix - 1).tolist(), tree.ancestor_mask[1:, 1:], "all")
-            out = self.runner.run([chunk])[0]
-            self.runner.cache.truncate(table, prefix)
-            frontier = new_nodes
-            frontier_logits = out.logits[[nodes.index(n) for n in new_nodes]]
-        order = sorted(range(len(tokens)), key=lambda i: scores[i], reverse=True)[: spec.budget + 1]
-        return _subtree(tokens, parents, sorted(order))
+            outs = self.runner.run([growths[i].chunk(tables[i], prefixes[i]) for i in active])
+            for i, out in zip(active, outs):
+                self.runner.cache.truncate(tables[i], prefixes[i])
+                frontier_logits[i] = out.logits[[node - 1 for node in growths[i].frontier]]
+        return [growth.tree(spec) for growth in growths]
+
+
+class _TreeGrowth:
+    """One sequence's tree while it grows: nodes, parents and cumulative draft log-probabilities."""
+
+    def __init__(self, root: int) -> None:
+        self.tokens, self.parents, self.scores = [root], [-1], [0.0]
+        self.frontier = [0]
+        self.done = False
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens) - 1
+
+    def expand(self, frontier_logits: Tensor, spec: TreeSpec) -> None:
+        """Add the best children of the frontier: EAGLE-2's top-k by cumulative log-probability for dynamic
+        trees, the listed ranks for static ones."""
+        logp = torch.log_softmax(frontier_logits.float(), dim=-1)
+        top = logp.topk(min(spec.topk, logp.shape[-1]), dim=-1)
+        candidates = []
+        for row, node in enumerate(self.frontier):
+            for value, token in zip(top.values[row].tolist(), top.indices[row].tolist()):
+                candidates.append((self.scores[node] + value, node, token))
+        candidates.sort(key=lambda c: -c[0])
+        limit = spec.topk if spec.kind == "dynamic" else len(candidates)
+        self.frontier = []
+        for score, parent, token in candidates[:limit]:
+            if spec.kind == "static" and not _in_static(spec, self.tokens, self.parents, parent, token, top):
+                continue
+            if self.size >= spec.budget:
+                break
+            self.frontier.append(len(self.tokens))
+            self.tokens.append(token)
+            self.parents.append(parent)
+            self.scores.append(score)
+
+    def chunk(self, table: BlockTable, prefix: int) -> Chunk:
+        """The drafted nodes as new tokens after the committed prefix (the root is its last token)."""
+        tree = TokenTree.from_parents(self.tokens, self.parents)
+        return Chunk(table, self.tokens[1:], (tree.depth[1:] + prefix - 1).tolist(), tree.ancestor_mask[1:, 1:], "all")
+
+    def tree(self, spec: TreeSpec) -> TokenTree:
+        """The `budget` best nodes overall (an ancestor never scores below its descendant, so this is a tree)."""
+        order = sorted(range(len(self.tokens)), key=lambda i: self.scores[i], reverse=True)[: spec.budget + 1]
+        return _subtree(self.tokens, self.parents, sorted(order))
 
 
 def _in_static(spec: TreeSpec, tokens: list[int], parents: list[int], parent: int, token: int, top) -> bool:

@@ -51,13 +51,22 @@ def paged_attention(
     query_start_loc: Tensor,
     tree_mask: Tensor | None,
     scale: float,
+    workspace: dict | None = None,
 ) -> Tensor:
-    return backend_for(q).paged_attention(
-        q, k_cache, v_cache, block_tables, prefix_lens, query_start_loc, tree_mask, scale
-    )
+    """`workspace` lets the torch reference reuse its gather plan across layers; Triton needs none."""
+    backend = backend_for(q)
+    if backend is reference:
+        return reference.paged_attention(
+            q, k_cache, v_cache, block_tables, prefix_lens, query_start_loc, tree_mask, scale, workspace
+        )
+    return backend.paged_attention(q, k_cache, v_cache, block_tables, prefix_lens, query_start_loc, tree_mask, scale)
 
 
 def decode_attention(
-    q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, scale: float
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, scale: float,
+    workspace: dict | None = None,
 ) -> Tensor:
-    return backend_for(q).decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    backend = backend_for(q)
+    if backend is reference:
+        return reference.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, workspace)
+    return backend.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)

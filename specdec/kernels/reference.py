@@ -85,36 +85,57 @@ def paged_attention(
     query_start_loc: Tensor,  # [B + 1] int32
     tree_mask: Tensor | None,  # [T, W] int32 bit-packed, or None for causal
     scale: float,
+    workspace: dict | None = None,  # reused across the layers of one forward pass (reference only)
 ) -> Tensor:  # [T, q_heads, head_dim]
     """Attention of every new token over its sequence's paged prefix plus the new tokens it may see.
 
     One function serves prefill chunks, decode steps and tree verification, because all three are
     "new tokens over a paged prefix" that differ only in the mask among the new tokens. The batch is padded
     to its longest sequence and run as one SDPA call: on a CPU, one call over a padded batch is much cheaper
-    than a Python loop of small calls.
+    than a Python loop of small calls. The gather indices and the mask depend only on the metadata, so they
+    are built once per forward pass and kept in `workspace` for the other layers.
     """
-    device = q.device
+    plan = workspace.get("plan") if workspace is not None else None
+    if plan is None:
+        plan = _plan(block_tables, prefix_lens, query_start_loc, tree_mask, k_cache.shape[1])
+        if workspace is not None:
+            workspace["plan"] = plan
+    slots, key_padding, mask, query_rows, query_valid = plan
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    keys = k_cache.view(-1, kv_heads, head_dim)[slots]  # [B, L, Hkv, D]
+    values = v_cache.view(-1, kv_heads, head_dim)[slots]
+    if key_padding is not None:  # padded positions read slot 0: zero them so stale non-finite values cannot leak
+        keys = keys.masked_fill(key_padding, 0)
+        values = values.masked_fill(key_padding, 0)
+    keys, values = keys.transpose(1, 2), values.transpose(1, 2)  # [B, Hkv, L, D]
+    queries = (q[query_rows] if query_rows is not None else q[None]).transpose(1, 2)  # [B, Hq, n, D]
+    out = F.scaled_dot_product_attention(
+        queries.to(keys.dtype), keys, values, attn_mask=mask, scale=scale, enable_gqa=q.shape[1] != kv_heads
+    ).transpose(1, 2)  # [B, n, Hq, D]
+    out = out[query_valid] if query_valid is not None else out[0]
+    return out.to(q.dtype)
+
+
+def _plan(block_tables: Tensor, prefix_lens: Tensor, query_start_loc: Tensor, tree_mask: Tensor | None,
+          block_size: int) -> tuple[Tensor, Tensor | None, Tensor | None, Tensor | None, Tensor | None]:
+    """Gather slots `[B, L]`, padded key positions `[B, L, 1, 1]` (None without padding), visibility
+    `[B, 1, n, L]` (None when everything is visible), and where each padded query row comes from (None for a
+    single sequence, whose rows need no padding)."""
+    device = block_tables.device
     num_seqs = prefix_lens.shape[0]
     counts = (query_start_loc[1:] - query_start_loc[:-1]).long()  # [B]
     totals = prefix_lens.long() + counts  # [B] keys per sequence
     n_max, l_max = int(counts.max()), int(totals.max())
-    block_size, kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-
-    # Keys and values, padded: [B, L, Hkv, D], read through each sequence's block table.
     pos = torch.arange(l_max, device=device)
     key_valid = pos[None, :] < totals[:, None]  # [B, L]
     blocks = block_tables.long().gather(1, (pos // block_size).clamp(max=block_tables.shape[1] - 1).expand(num_seqs, -1))
     slots = torch.where(key_valid, blocks * block_size + pos % block_size, 0)
-    keys = k_cache.view(-1, kv_heads, head_dim)[slots]
-    values = v_cache.view(-1, kv_heads, head_dim)[slots]
-
-    # Queries, padded: [B, n, Hq, D]; row r of sequence b is flat row start[b] + r.
+    key_padding = None if num_seqs == 1 else ~key_valid[:, :, None, None]
+    if num_seqs == 1 and n_max == 1:
+        return slots, None, None, None, None  # one decode query sees its whole context
     rows = torch.arange(n_max, device=device)
     query_valid = rows[None, :] < counts[:, None]  # [B, n]
     flat = torch.where(query_valid, query_start_loc[:-1, None].long() + rows[None, :], 0)
-    queries = q[flat]
-
-    # Visibility [B, n, L]: the whole prefix, then the new tokens the mask allows.
     new_index = pos[None, None, :] - prefix_lens.long()[:, None, None]  # key's index among the new tokens
     if tree_mask is None:
         among_new = new_index <= rows[None, :, None]
@@ -123,13 +144,10 @@ def paged_attention(
         among_new = bits.gather(2, new_index.clamp(0, bits.shape[2] - 1).expand(-1, n_max, -1))
     mask = (new_index < 0) | among_new
     mask &= key_valid[:, None, :]
-    mask |= ~query_valid[:, :, None]  # padding rows see everything (discarded), so softmax stays finite
-
-    out = F.scaled_dot_product_attention(
-        queries.transpose(1, 2).to(keys.dtype), keys.transpose(1, 2), values.transpose(1, 2),
-        attn_mask=mask[:, None], scale=scale, enable_gqa=q.shape[1] != kv_heads,
-    ).transpose(1, 2)  # [B, n, Hq, D]
-    return out[query_valid].to(q.dtype)
+    mask |= ~query_valid[:, :, None]  # padding rows see everything (then dropped), so softmax stays finite
+    if num_seqs == 1:
+        return slots, None, mask[:, None], None, None
+    return slots, key_padding, mask[:, None], flat, query_valid
 
 
 def decode_attention(
@@ -139,7 +157,8 @@ def decode_attention(
     block_tables: Tensor,  # [B, max_blocks] int32
     seq_lens: Tensor,  # [B] int32; tokens to attend to, the query's own (already written) token included
     scale: float,
+    workspace: dict | None = None,
 ) -> Tensor:  # [B, q_heads, head_dim]
     """One query per sequence over its whole paged context: the plain-decode special case."""
     starts = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
-    return paged_attention(q, k_cache, v_cache, block_tables, seq_lens - 1, starts, None, scale)
+    return paged_attention(q, k_cache, v_cache, block_tables, seq_lens - 1, starts, None, scale, workspace)

@@ -7,7 +7,7 @@ forward signature small and makes CUDA-graph capture simple).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -23,6 +23,8 @@ class AttentionContext:
     query_start_loc: Tensor  # [B + 1] int32: sequence b's new tokens are rows start[b]:start[b + 1]
     tree_mask: Tensor | None  # [T, W] int32 bit-packed visibility among new tokens; None = causal
     decode_only: bool  # every sequence has exactly one new token and no mask: the decode kernel applies
+    seq_lens: Tensor | None = None  # [B] int32 prefix + new tokens (decode kernel input)
+    workspace: dict = field(default_factory=dict)  # per-pass scratch the torch reference reuses across layers
 
     @staticmethod
     def build(
@@ -54,11 +56,13 @@ class AttentionContext:
                 m = masks[b] if masks[b] is not None else torch.ones(n, n, dtype=torch.bool).tril()
                 dense[starts[b] : starts[b + 1], :n] = m
             tree_mask = pack_tree_mask(dense).to(device)
+        decode_only = tree_mask is None and all(n == 1 for n in num_new)
         return AttentionContext(
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
             block_tables=tables.to(device),
             prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32, device=device),
             query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
             tree_mask=tree_mask,
-            decode_only=tree_mask is None and all(n == 1 for n in num_new),
+            decode_only=decode_only,
+            seq_lens=torch.tensor([p + 1 for p in prefix_lens], dtype=torch.int32, device=device) if decode_only else None,
         )

@@ -53,11 +53,11 @@ class Attention(nn.Module):
         k_cache, v_cache = cache
         kernels.write_kv(k, v, k_cache, v_cache, ctx.slot_mapping)
         if ctx.decode_only:
-            out = kernels.decode_attention(q, k_cache, v_cache, ctx.block_tables, ctx.prefix_lens + 1, self.scale)
+            out = kernels.decode_attention(q, k_cache, v_cache, ctx.block_tables, ctx.seq_lens, self.scale,
+                                           ctx.workspace)
         else:
-            out = kernels.paged_attention(
-                q, k_cache, v_cache, ctx.block_tables, ctx.prefix_lens, ctx.query_start_loc, ctx.tree_mask, self.scale
-            )
+            out = kernels.paged_attention(q, k_cache, v_cache, ctx.block_tables, ctx.prefix_lens,
+                                          ctx.query_start_loc, ctx.tree_mask, self.scale, ctx.workspace)
         return self.o_proj(out.reshape(-1, c.q_size))
 
 

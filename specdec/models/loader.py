@@ -30,6 +30,7 @@ class LoadedModel:
     model: LlamaModel
     tokenizer: Any  # a transformers tokenizer, or ByteTokenizer for dummy targets
     source: str  # where the weights came from (a folder, or "dummy:<shape>")
+    quantized: str | None = None  # "int8" once the model's linears were swapped for int8 ones
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:

@@ -1,49 +1,54 @@
 """int8 dynamic W8A8 linear layers for CPU, on fbgemm through torch's quantized ops.
 
 `Int8DynamicLinear` keeps the weight as symmetric int8 with one scale per output channel, packed once
-for fbgemm, and quantizes activations on the fly, with one scale per row (token). `quantize_int8_`
+for fbgemm, and quantizes activations on the fly with one scale per row (token). `quantize_int8_`
 swaps every `nn.Linear` of a model for one, in place.
 
 Activations, per row. fbgemm's `quantized::linear_dynamic` quantizes the whole input with one
-(asymmetric, uint8) scale, so one loud row (a BOS token with massive activations, a prompt row in a
-prefill) would coarsen every other row. We divide each row by its own max |x| before the call and
-multiply the output row back after it, which is exact in real arithmetic because the layer is linear in
-each row: every row then spans [-1, 1], and the per-tensor grid of fbgemm becomes a per-row grid.
-With one row it is the same as plain per-tensor. The price is three small elementwise ops.
+asymmetric uint8 scale taken from its min and max, so one loud row (a BOS token with massive
+activations, one row of a prefill) coarsens every other row, and every row's result depends on what
+else is in the batch. Instead each row is divided by its own max|x| (so it lies in [-1, 1]) and fed to
+`quantized::linear_with_input_q_dq_qweight_dq_output_fp32` with a FIXED activation grid (scale 1/64,
+zero point 64: q = round(64 x/max|x|) + 64 in [0, 128]); the output row is multiplied back by max|x|,
+which is exact in real arithmetic since the layer is linear in each row. So the quantization of a row
+depends on that row alone: a row's output is bitwise the same whatever batch it is computed in (tested),
+which fp32 MKL does not promise, and which keeps speculative verification consistent with plain decode.
+Cost: five small elementwise ops around the GEMM (about 10 us per call).
 
-Seven-bit activations (`reduce_range=True`). Without AVX-512 VNNI (the AVX2 machines this project
-targets) fbgemm multiplies uint8 x int8 with `vpmaddubsw`, which adds two products into a saturating
-int16: 255*127*2 overflows it and the result is silently wrong. With activations in [0, 127] the pair
-sum stays under 32767, so the result is exact everywhere. So the grid is 127 steps over [-max|x|, max|x|]
-per row (about 0.8% of max|x| per step); relative output error on Gaussian data is about 1.6%
-(tests/models/test_quant.py). `reduce_range=False` gives 8 bits but is only exact on VNNI CPUs.
+Seven-bit activations (`reduce_range=True`, the default). Without AVX-512 VNNI (the AVX2 machines this
+project targets) fbgemm multiplies uint8 x int8 with `vpmaddubsw`, which adds two products into a
+saturating int16: 2*255*127 overflows it and the result is silently wrong (measured: up to 10% off with
+FBGEMM_ENABLE_INSTRUCTIONS=AVX2). Activations in [0, 128] keep 2*128*127 < 32767: exact on every CPU.
+The step is max|x|/64 per row; the relative output error on Gaussian data is about 1.7%
+(tests/models/test_quant.py). `reduce_range=False` uses scale 1/127, zero point 128 (8 bits, ~1.1%), and
+is exact only on VNNI CPUs.
 
-Why fbgemm (measured with bench/int8_linear.py; one 2-core AMD EPYC with AVX-512 VNNI, where the
-numbers in shared/NOTES.md are from an AVX2 one; the other engineers' tests were running, so medians
-are noisy; ms per call of the whole stack):
+Measured with bench/int8_linear.py on one 2-core AMD EPYC that HAS AVX-512 VNNI and bf16 (the numbers in
+shared/NOTES.md are from an AVX2-only one), torch 2.13, 2 threads, ms per call, median (fastest):
 
-    python bench/int8_linear.py --reps 25
+MEASURED_TABLE
 
-    MEASURED_TABLE
+Kernels tried and dropped (same bench):
+- `torch._int_mm` (oneDNN s8 x s8, per-row scales by hand; true 8-bit per row): re-reads an unpacked
+  weight and needs more small ops; slower than fbgemm at every row count.
+- `quantized::linear_dynamic` on a weight prepacked by the "onednn" engine: per-tensor and slower.
+- `onednn::qlinear_pointwise` (what inductor emits): ~16 ms for ONE 576x3072 layer with uint8 input and
+  ~1 s with int8 input in eager mode.
+- `_weight_int8pack_mm` (weight-only int8, fp32 activations): slower than fp32 from 4 rows on.
+- torchao 0.18 `Int8DynamicActivationInt8WeightConfig` (per-row symmetric int8, eager): 7-19 ms for one
+  576x3072 layer (fp32: 0.7-3.5 ms), and warnings at import. Not a dependency.
 
-- `torch._int_mm` (oneDNN s8s8 with per-row scales done by hand) is true 8-bit per-token, but it
-  re-reads an unpacked weight and takes more small ops: slower at every row count.
-- The oneDNN `quantized::linear_dynamic` (engine "onednn") is per-tensor and slower than fbgemm.
-- `onednn::qlinear_pointwise` (what inductor emits) took 16 ms for ONE 576x3072 layer with uint8 input
-  and ~1 s with int8 input: unusable in eager mode here.
-- `_weight_int8pack_mm` (weight-only int8, fp32 activations) is slower than fp32 at 4+ rows.
-- torchao: see the bench's torchao row when it is installed; it is not a dependency of specdec.
+Deprecation: torch 2.13 deprecates quantized tensors (torch.qint8, pytorch issue 184982) and warns once
+per process when one is created. fbgemm's prepack only takes a qint8 tensor, so `from_linear` builds one
+and silences exactly that warning around the call; `quantize_dynamic` is not used. When torch removes
+qint8, `from_linear` will fail loudly; the replacement then is `torch._int_mm` (see the bench).
 
-Warnings: `torch.quantize_per_channel` now warns that quantized tensor creation is deprecated, so the
-packed weight is built with `torch._make_per_channel_quantized_tensor`, which does not. If a later
-torch drops quantized tensors or the fbgemm ops, `from_linear` fails loudly (no silent fallback).
-
-CPU only, inference only (no autograd through the quantized op). Pickle/deepcopy are not supported.
+CPU only, inference only (no autograd through the quantized op). The packed weight is not in
+`state_dict` (only the bias is): quantize after loading the float weights. Pickle is not supported.
 """
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -55,6 +60,9 @@ __all__ = ["Int8DynamicLinear", "quantize_int8_", "quantize_weight_per_channel"]
 
 # Rows whose max |x| is below this are scaled as if it were this (an all-zero row stays zero, no 0/0).
 _MIN_ROW_SCALE = 1e-30
+# Fixed activation grids for rows scaled into [-1, 1]: (scale, zero point) -> q in [0, 128] or [1, 255].
+ROW_GRID_7BIT = (1.0 / 64.0, 64)
+ROW_GRID_8BIT = (1.0 / 127.0, 128)
 
 
 def quantize_weight_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
@@ -95,10 +103,11 @@ def _fbgemm_engine():
 
 
 class Int8DynamicLinear(nn.Module):
-    """y = x @ W.T + b with W int8 per output channel and x quantized per row (or per tensor) at run time.
+    """y = x @ W.T + b with W int8 per output channel and x quantized per row at run time.
 
     Takes [..., in_features] in float32 (bf16/fp16 are cast in, and the output cast back); returns
-    [..., out_features]. Build it with `from_linear`.
+    [..., out_features]. Build it with `from_linear`. `per_token=False` gives fbgemm's own per-tensor
+    dynamic scheme instead (one scale from the whole input's min/max; faster by a few us, batch-dependent).
     """
 
     def __init__(
@@ -131,7 +140,9 @@ class Int8DynamicLinear(nn.Module):
             )
             # Per-tensor mode lets fbgemm add the bias; per-row mode must scale the rows first.
             self._packed = torch.ops.quantized.linear_prepack(qweight, None if per_token else b)
-        self._op = torch.ops.quantized.linear_dynamic.default
+        self._grid = ROW_GRID_7BIT if reduce_range else ROW_GRID_8BIT
+        self._row_op = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32.default
+        self._dyn_op = torch.ops.quantized.linear_dynamic.default
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, *, per_token: bool = True, reduce_range: bool = True) -> Int8DynamicLinear:
@@ -157,17 +168,18 @@ class Int8DynamicLinear(nn.Module):
         if x.shape[-1] != self.in_features:
             raise ValueError(f"expected [..., {self.in_features}], got {tuple(x.shape)}")
         in_dtype = x.dtype
-        lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features)
+        x2 = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if in_dtype != torch.float32:
             x2 = x2.to(torch.float32)
         if self.per_token:
-            s = torch.linalg.vector_norm(x2, ord=math.inf, dim=1, keepdim=True).clamp_min_(_MIN_ROW_SCALE)
-            y = self._op(x2 / s, self._packed, self.reduce_range)
-            y = y.mul_(s) if self.bias is None else torch.addcmul(self.bias, y, s)
+            s = x2.abs().amax(dim=1, keepdim=True).clamp_min_(_MIN_ROW_SCALE)
+            y = self._row_op(x2 / s, self._grid[0], self._grid[1], self._packed)
+            bias = self.bias
+            y = y.mul_(s) if bias is None else torch.addcmul(bias, y, s)
         else:
-            y = self._op(x2, self._packed, self.reduce_range)
-        y = y.view(*lead, self.out_features)
+            y = self._dyn_op(x2, self._packed, self.reduce_range)
+        if x.dim() != 2:
+            y = y.view(*x.shape[:-1], self.out_features)
         return y if in_dtype == torch.float32 else y.to(in_dtype)
 
     def extra_repr(self) -> str:

@@ -24,6 +24,6 @@ def test_gpu_check_runs_on_cpu_and_kernels_pass(tmp_path: Path) -> None:
     sections = {row["section"] for row in rows}
     assert {"bandwidth", "correctness", "timing"} <= sections
     checks = [row for row in rows if row["section"] == "correctness"]
-    assert {row.get("kernel") for row in checks} >= {"attention", "write_kv", "copy_kv_slots"}
+    assert {row.get("kernel") for row in checks} >= {"paged_attention", "decode_attention", "write_kv", "copy_kv_slots"}
     assert all(row.get("passed") is True for row in checks), [row for row in checks if not row.get("passed")]
     assert all(row["triton_ms"] > 0 for row in rows if row["section"] == "timing")

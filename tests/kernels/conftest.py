@@ -82,12 +82,13 @@ def build_case(
     strided_q: bool = False,
 ) -> PagedCase:
     """A fresh random case: blocks drawn in shuffled order from a pool with spares, so block tables are
-    non-contiguous; K/V written through `reference.write_kv` at every position `< prefix + new`; the rest NaN."""
+    non-contiguous; K/V written through `reference.write_kv` at every position `< prefix + new`; the rest NaN,
+    block 0 included, so no output may depend on a slot its sequence does not own."""
     gen = torch.Generator().manual_seed(seed)
     need = [-(-(p + n) // page) for p, n in zip(prefix_lens, new_lens)]
     num_blocks = sum(need) + 3
-    order = torch.randperm(num_blocks, generator=gen).tolist()
-    nan_block = order.pop()  # never written: padding entries of the tables point here
+    order = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
+    nan_block = 0  # never written; table padding points here, and so would a kernel that pads with slot 0
     width = max(need) + 1
     tables = torch.full((len(need), width), nan_block, dtype=torch.int32)
     for b, count in enumerate(need):
