@@ -47,11 +47,12 @@ def copy_bandwidth(gib: float = 0.5, reps: int = 5) -> float:
 
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of weights one decode step reads (int8 packed weights counted through their modules)."""
+    from specdec.models.quant import Int8DynamicLinear
+
     seen, total = set(), 0
     for module in model.modules():
-        counted = getattr(module, "weight_bytes", None)
-        if callable(counted):
-            total += counted()
+        if isinstance(module, Int8DynamicLinear):  # int8 weights, one byte each (+ fp32 per-channel scales)
+            total += module.in_features * module.out_features + 4 * module.out_features
             continue
         for param in module.parameters(recurse=False):
             if id(param) not in seen and param.dim() == 2 and param.shape[0] * param.shape[1] > 0:

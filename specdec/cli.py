@@ -83,11 +83,11 @@ def _load(target, device, dtype, quantize, drafter, tree, engine_config):
 
 
 def _stream(llm, prompt: str, params, chat: bool, show_acceptance: bool) -> None:
-    final = None
+    final, ids = None, []
     for delta in llm.stream([prompt], params, chat=chat):
+        ids += delta.token_ids
         if show_acceptance and delta.text:
-            colour = STEP_COLOURS[min(delta.step_tokens, len(STEP_COLOURS)) - 1]
-            console.print(delta.text, style=colour, end="", markup=False)
+            _print_step(llm.tokenizer, ids, delta)
         else:
             console.print(delta.text, end="", markup=False)
         if delta.finished:
@@ -101,7 +101,18 @@ def _stream(llm, prompt: str, params, chat: bool, show_acceptance: bool) -> None
     err_console.print(f"[dim]{stats}[/]")
     if show_acceptance:
         legend = " ".join(f"[{c}]{i + 1}[/]" for i, c in enumerate(STEP_COLOURS))
-        err_console.print(f"[dim]colour = tokens emitted by one target step:[/] {legend}")
+        err_console.print(f"[dim]colour = tokens emitted by one target step:[/] {legend} "
+                          "[dim](underlined: the step's bonus token, sampled from the target)[/]")
+
+
+def _print_step(tokenizer, ids: list[int], delta) -> None:
+    """One target step's text: accepted drafted tokens in the step's colour, the bonus token underlined."""
+    colour = STEP_COLOURS[min(delta.step_tokens, len(STEP_COLOURS)) - 1]
+    bonus = tokenizer.decode(ids, skip_special_tokens=True)[len(tokenizer.decode(ids[:-1], skip_special_tokens=True)):]
+    drafted = delta.text[: len(delta.text) - len(bonus)] if bonus and delta.text.endswith(bonus) else delta.text
+    console.print(drafted, style=colour, end="", markup=False)
+    if drafted != delta.text:
+        console.print(bonus, style=f"{colour} underline", end="", markup=False)
 
 
 @app.command()

@@ -34,3 +34,9 @@ def hf_default_model(default_model):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(default_model.source, dtype=torch.float32).eval()
+
+
+def pytest_configure(config):
+    """One intra-op thread: the suite is thousands of small ops, where OpenMP wake-ups cost more than they
+    save, and on a busy 2-core machine a second thread waiting for a descheduled peer makes every op slow."""
+    torch.set_num_threads(1)
