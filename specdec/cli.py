@@ -50,6 +50,7 @@ def generate(
     prompts_file: Optional[Path] = typer.Option(None, help="JSONL with a 'prompt' field per line (batch mode)."),
     output: Optional[Path] = typer.Option(None, help="Where batch mode writes its JSONL results."),
     max_concurrency: int = typer.Option(16, help="Batch mode: most requests running at once."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores but one)."),
 ) -> None:
     """Generate text, streaming tokens as they are produced, then print one stats line."""
     from specdec.config import EngineConfig, SamplingParams
@@ -59,7 +60,10 @@ def generate(
                                 seed=seed, stop=tuple(stop))
         if prompts_file is None and prompt is None:
             fail("give a PROMPT or --prompts-file")
-        llm = _load(target, device, dtype, quantize, drafter, tree, EngineConfig(max_num_seqs=max_concurrency))
+        if threads is not None and threads < 1:
+            fail("--threads must be at least 1")
+        llm = _load(target, device, dtype, quantize, drafter, tree, EngineConfig(max_num_seqs=max_concurrency),
+                    threads)
         if prompts_file is not None:
             from specdec.batch_cli import run_batch
 
@@ -74,12 +78,12 @@ def generate(
         fail(str(exc))
 
 
-def _load(target, device, dtype, quantize, drafter, tree, engine_config):
+def _load(target, device, dtype, quantize, drafter, tree, engine_config, threads):
     from specdec.api import LLM
 
     with err_console.status(f"loading {target}..."):
         return LLM(target=target, device=device, dtype=dtype, quantize=quantize, drafter=drafter, tree=tree,
-                   engine_config=engine_config, show_progress=True)
+                   engine_config=engine_config, show_progress=True, num_threads=threads)
 
 
 def _stream(llm, prompt: str, params, chat: bool, show_acceptance: bool) -> None:
