@@ -11,23 +11,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specdec.config import SamplingParams
+from specdec.data import load_prompts
 from specdec.errors import ConfigError
 
 
 def read_prompts(path: Path) -> list[str]:
-    if not path.is_file():
-        raise ConfigError(f"prompts file not found: {path}")
-    prompts = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-            raise ConfigError(f"{path}:{number}: each line needs a string field 'prompt'")
-        prompts.append(record["prompt"])
+    prompts = [record["prompt"] for record in load_prompts(path)]
     if not prompts:
         raise ConfigError(f"{path} holds no prompts")
     return prompts

@@ -68,3 +68,21 @@ def test_models_lists_the_default_alias():
     result = specdec("models")
     assert result.returncode == 0, result.stderr
     assert "smollm2-135m" in result.stdout
+
+
+def test_batch_mode_writes_one_result_per_prompt(tmp_path):
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": f"count {i} {i} {i}"}) for i in range(5)) + "\n")
+    out = tmp_path / "out.jsonl"
+    result = specdec("generate", *TINY, "--prompts-file", str(prompts), "--output", str(out), "--max-new-tokens",
+                     "6", "--max-concurrency", "2", "--drafter", "ngram")
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in rows] == list(range(5))
+    assert all(len(r["token_ids"]) == 6 for r in rows)
+
+
+def test_batch_mode_bad_prompts_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt field"}\n')
+    assert_user_error(specdec("generate", *TINY, "--prompts-file", str(bad)), "prompt")
