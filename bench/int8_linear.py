@@ -21,12 +21,13 @@ Variants:
 Also prints each variant's error against fp32 on one gate_up layer, 16 Gaussian rows, one of them 100x louder,
 and whether a row computed alone gives the same bits as in that batch.
 
-    python bench/int8_linear.py [--reps 25] [--warmup 3] [--rows 1,4,8,16] [--slow]
+    python bench/int8_linear.py [--reps 25] [--warmup 3] [--rows 1,4,8,16] [--slow] [--only "fp32,int8 per-token (*)"]
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import sys
 import time
@@ -162,6 +163,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,4,8,16")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--slow", action="store_true", help="add onednn qlinear_pointwise and torchao (seconds per call)")
+    ap.add_argument("--only", default="", help="comma-separated variant names to run (default: all)")
     args = ap.parse_args()
     if args.reps < 20:
         ap.error("--reps must be at least 20")
@@ -178,6 +180,12 @@ def main() -> None:
     stack_fp32 = [linear(k, n) for _ in range(LAYERS) for k, n in LAYER_SHAPES]
     head_fp32 = linear(HIDDEN, VOCAB)
     makers = variants(args.slow)
+    if args.only:
+        wanted = [n.strip() for n in args.only.split(",")]
+        unknown = [n for n in wanted if n not in makers]
+        if unknown:
+            ap.error(f"unknown variants {unknown}; known: {list(makers)}")
+        makers = {n: makers[n] for n in wanted}
     stacks = {name: [make(lin) for lin in stack_fp32] for name, make in makers.items()}
     heads = {name: make(head_fp32) for name, make in makers.items()}
 
@@ -209,7 +217,7 @@ def main() -> None:
             head_res[m] = time_interleaved({n: (lambda h=h: h(xh)) for n, h in heads.items()}, args.reps, args.warmup)
             print(f"rows {m} done", file=sys.stderr, flush=True)
 
-    cmd = "python " + " ".join(["bench/int8_linear.py", *sys.argv[1:]])
+    cmd = "python " + shlex.join(["bench/int8_linear.py", *sys.argv[1:]])
     print(f"`{cmd}` (torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {args.reps} reps)\n")
     print(table(f"All {LAYERS} layers' linears ({4 * LAYERS} calls)", rows, stack_res))

@@ -13,7 +13,7 @@ zero point 64: q = round(64 x/max|x|) + 64 in [0, 128]); the output row is multi
 which is exact in real arithmetic since the layer is linear in each row. So the quantization of a row
 depends on that row alone: a row's output is bitwise the same whatever batch it is computed in (tested),
 which fp32 MKL does not promise, and which keeps speculative verification consistent with plain decode.
-Cost: five small elementwise ops around the GEMM (about 10 us per call).
+Cost: five small elementwise ops around the GEMM (about 15 us per call, see the 1-thread table).
 
 Seven-bit activations (`reduce_range=True`, the default). Without AVX-512 VNNI (the AVX2 machines this
 project targets) fbgemm multiplies uint8 x int8 with `vpmaddubsw`, which adds two products into a
@@ -23,20 +23,46 @@ The step is max|x|/64 per row; the relative output error on Gaussian data is abo
 (tests/models/test_quant.py). `reduce_range=False` uses scale 1/127, zero point 128 (8 bits, ~1.1%), and
 is exact only on VNNI CPUs.
 
-Measured with bench/int8_linear.py on one 2-core AMD EPYC that HAS AVX-512 VNNI and bf16 (the numbers in
-shared/NOTES.md are from an AVX2-only one), torch 2.13, 2 threads, ms per call, median (fastest):
+Measured with bench/int8_linear.py on a 2-core AMD EPYC that HAS AVX-512 VNNI (shared/NOTES.md's numbers
+are from an AVX2-only one), torch 2.13, ms per call, median (fastest) of the reps; "stack" = all 120
+linears of the 30 layers, "head" = the 576->49152 LM head. Other engineers' CPU-bound jobs ran throughout;
+with 2 threads every OpenMP region then waits for a scheduler slice now and then, which inflates the
+medians (and the per-row head, which has two such regions, the GEMM and the row rescale); the 1-thread
+run below is the steadier comparison.
 
-MEASURED_TABLE
+    python bench/int8_linear.py --reps 25
 
-Kernels tried and dropped (same bench):
-- `torch._int_mm` (oneDNN s8 x s8, per-row scales by hand; true 8-bit per row): re-reads an unpacked
-  weight and needs more small ops; slower than fbgemm at every row count.
-- `quantized::linear_dynamic` on a weight prepacked by the "onednn" engine: per-tensor and slower.
-- `onednn::qlinear_pointwise` (what inductor emits): ~16 ms for ONE 576x3072 layer with uint8 input and
-  ~1 s with int8 input in eager mode.
+| rows | stack fp32 | stack int8 (this) | stack fbgemm per-tensor | stack _int_mm | head fp32 | head int8 (this) | head per-tensor |
+|---|---|---|---|---|---|---|---|
+| 1 | 43.3 (38.3) | 14.4 (8.7) | 10.7 (6.4) | 16.8 (12.8) | 9.5 (9.0) | 1.3 (1.0) | 0.8 (0.7) |
+| 4 | 464 (99.3) | 58.9 (16.8) | 42.0 (9.9) | 62.1 (26.3) | 36.0 (32.1) | 16.1 (14.6) | 8.0 (8.0) |
+| 8 | 248 (97.2) | 32.6 (19.3) | 20.0 (15.6) | 73.2 (35.1) | 44.8 (40.0) | 15.7 (14.4) | 8.9 (8.0) |
+| 16 | 540 (275) | 142 (37.8) | 139 (35.4) | 283 (85.2) | 79.1 (71.9) | 22.9 (20.5) | 13.6 (12.0) |
+
+    python bench/int8_linear.py --threads 1 --reps 20 --only "fp32,int8 per-token (*),fbgemm per-tensor,_int_mm per-token"
+
+| rows | stack fp32 | stack int8 (this) | stack fbgemm per-tensor | stack _int_mm | head fp32 | head int8 (this) | head per-tensor |
+|---|---|---|---|---|---|---|---|
+| 1 | 53.5 (47.6) | 12.9 (8.4) | 11.1 (7.6) | 26.4 (22.2) | 14.5 (10.8) | 1.6 (1.4) | 1.6 (1.4) |
+| 4 | 68.5 (61.9) | 13.2 (12.8) | 11.1 (7.0) | 30.3 (25.1) | 24.3 (15.0) | 1.6 (1.4) | 1.4 (1.3) |
+| 8 | 69.2 (50.6) | 12.5 (11.0) | 9.6 (9.0) | 31.4 (23.1) | 30.0 (17.0) | 2.2 (2.1) | 2.0 (1.8) |
+| 16 | 106 (67.4) | 33.4 (16.8) | 25.7 (14.3) | 55.7 (29.3) | 36.5 (22.5) | 3.8 (3.7) | 3.9 (3.4) |
+
+Error vs fp32 (gate_up, 16 Gaussian rows, one 100x louder): this 1.6% on the quiet rows and a row gives
+the same bits alone as in the batch; fbgemm per-tensor 99% on the quiet rows.
+
+Kernels tried and dropped (same bench; `--slow` adds qlinear_pointwise and torchao):
+- `quantized::linear_dynamic` as is: per-tensor scale, so a row 100x louder than the others leaves them
+  with ~99% error (7-bit) or ~72% (8-bit), and a row's result depends on its batch; it is only ~15 us
+  per call faster than the per-row scheme.
+- `torch._int_mm` (oneDNN s8 x s8, per-row scales by hand; true 8-bit per row): slower at every row
+  count, and with ONEDNN_MAX_CPU_ISA=AVX2 not exact either (2.4% error instead of 1.0%).
+- `quantized::linear_dynamic` on a weight prepacked by the "onednn" engine: per-tensor, and slower.
+- `onednn::qlinear_pointwise` (what inductor emits), uint8 rows by hand: slower than fbgemm; with int8
+  (signed) rows it takes a path that is ~100x slower.
 - `_weight_int8pack_mm` (weight-only int8, fp32 activations): slower than fp32 from 4 rows on.
-- torchao 0.18 `Int8DynamicActivationInt8WeightConfig` (per-row symmetric int8, eager): 7-19 ms for one
-  576x3072 layer (fp32: 0.7-3.5 ms), and warnings at import. Not a dependency.
+- torchao 0.18 `Int8DynamicActivationInt8WeightConfig` (per-row symmetric int8, eager): slower
+  than fp32 here (2-30x), and it warns at import. Not a dependency.
 
 Deprecation: torch 2.13 deprecates quantized tensors (torch.qint8, pytorch issue 184982) and warns once
 per process when one is created. fbgemm's prepack only takes a qint8 tensor, so `from_linear` builds one
