@@ -143,6 +143,15 @@ def models() -> None:
         console.print(listing)
 
 
+def _add_subcommands() -> None:
+    from specdec.training.cli import train_app
+
+    app.add_typer(train_app, name="train", help="Train draft models for a target (self-distillation).")
+
+
+_add_subcommands()
+
+
 def main() -> None:
     try:
         app()

@@ -198,9 +198,24 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
     model_ref = args.pop("", None)
     reject_unknown("draft", args)
     target: LlamaModel = ctx.target.model
+    if model_ref is not None and layers is not None:
+        raise ConfigError("draft option layers= picks an early-exit draft; it cannot go with a draft model "
+                          f"('{model_ref}')")
+    if model_ref is None and layers is None:
+        from specdec.drafters.shipped import shipped_draft_dir
+
+        shipped = shipped_draft_dir(ctx.target.source)
+        if shipped is not None:
+            return DraftModelDrafter(_layers_only_draft(shipped, ctx), ctx.engine, k=k)
     if model_ref is None:
         n = DEFAULT_EARLY_EXIT_LAYERS if layers is None else _layers(layers, target.config.num_layers)
         return DraftModelDrafter(target, ctx.engine, k=k, num_layers=n)
+    from specdec.drafters.shipped import is_draft_folder
+
+    if is_draft_folder(model_ref):
+        from pathlib import Path
+
+        return DraftModelDrafter(_layers_only_draft(Path(model_ref).expanduser(), ctx), ctx.engine, k=k)
     from specdec.models.loader import load_model
 
     draft = load_model(model_ref, ctx.device, ctx.dtype, show_progress=True)
@@ -210,6 +225,23 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
 
         quantize_int8_(draft.model)
     return DraftModelDrafter(draft.model, ctx.engine, k=k)
+
+
+def _layers_only_draft(folder: "Path", ctx: DrafterContext) -> LlamaModel:
+    """A draft of decoder layers only (shipped or `specdec train draft`), on the target's embedding and head.
+
+    int8: only the draft's own linears are quantized. Its LM head is the target's module: already int8 when the
+    target was quantized (and then left alone), and a float head that `quantize_int8_` meets is replaced in
+    the draft only, by a copy, so the target's head and the shared embedding are never changed.
+    """
+    from specdec.drafters.shipped import load_draft_folder
+
+    draft = load_draft_folder(folder, ctx.target)
+    if ctx.quantize == "int8":
+        from specdec.models.quant import quantize_int8_
+
+        quantize_int8_(draft)
+    return draft
 
 
 def _layers(raw: str, total: int) -> int:
