@@ -3,7 +3,7 @@
 * `draft:<model>`: any model our loaders read that shares the target's tokenizer, with its own paged cache.
 * `draft:layers=N`: an early-exit self-draft: the target's first N layers, final norm and LM head (no extra
   weights at all; its K/V for those layers live in the drafter's own cache).
-* `draft`: the default draft for the target (the early-exit self-draft for `smollm2-135m`).
+* `draft`: the default draft for the target: the shipped distilled 2-layer draft for `smollm2-135m` (early-exit self-draft when none is shipped).
 
 Chains: k sequential draft steps, batched across sequences. At temperature > 0 each token is *sampled* from the
 draft distribution (after the request's own temperature/top-k/top-p), and that distribution rides along in the
