@@ -55,6 +55,11 @@ class EngineConfig:
     max_tree_nodes: int = 128
     prefill_chunk: int = 512
     enable_prefix_caching: bool = True
+    # "lossless" (rejection sampling; the output follows the target exactly) or "typical" (Medusa's typical
+    # acceptance: accepts any draft token the target finds plausible enough; lossy, opt-in, sampled requests only)
+    acceptance: str = "lossless"
+    typical_threshold: float = 0.09  # epsilon: accept if p(token) > min(epsilon, delta * exp(-entropy))
+    typical_alpha: float = 0.3  # delta
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -62,6 +67,8 @@ class EngineConfig:
                      "prefill_chunk"):
             value = getattr(self, name)
             _check(_is_int(value) and value > 0, f"{name} must be a positive integer, got {value!r}")
+        _check(self.acceptance in ("lossless", "typical"),
+               f"acceptance must be 'lossless' or 'typical', got {self.acceptance!r}")
         _check(self.max_tree_nodes <= self.max_num_batched_tokens,
                "max_tree_nodes cannot exceed max_num_batched_tokens")
 

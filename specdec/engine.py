@@ -144,6 +144,11 @@ class Engine:
     def _verify(self, seq: Sequence, tree: TokenTree, logits: torch.Tensor) -> VerifyResult:
         if seq.params.greedy:
             return verify_greedy(tree, logits)
+        if self.config.acceptance == "typical":
+            from specdec.verifier.typical import verify_typical
+
+            return verify_typical(tree, target_probs(logits, seq.params), seq.generator,
+                                  self.config.typical_threshold, self.config.typical_alpha)
         return verify_stochastic(tree, target_probs(logits, seq.params), seq.generator)
 
     def _record(self, seq: Sequence, tree: TokenTree, result: VerifyResult, draft_s: float, verify_s: float) -> None:

@@ -53,5 +53,15 @@ def reject_unknown(name: str, args: dict[str, str]) -> None:
 
 
 def _load_builtins() -> None:
-    # Importing the modules runs their @register decorators.
-    from specdec.drafters import draft_model, ngram, none  # noqa: F401
+    """Import every module of `specdec.drafters` once, so each module's @register decorator runs.
+
+    Discovery (rather than a hand-kept import list) means a new drafter is one new file, nothing else.
+    """
+    import importlib
+    import pkgutil
+
+    import specdec.drafters as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{package.__name__}.{info.name}")

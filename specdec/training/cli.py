@@ -155,5 +155,22 @@ def _eval_prompts(per_category: int) -> list[str]:
     return chosen
 
 
+def _load_commands() -> None:
+    """Import every `specdec/training/*_command.py`: each adds its own `@train_app.command(...)`.
+
+    One file per trainer keeps trainers independent; nothing here lists them by hand.
+    """
+    import importlib
+    import pkgutil
+
+    import specdec.training as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name.endswith("_command"):
+            importlib.import_module(f"{package.__name__}.{info.name}")
+
+
+_load_commands()
+
 if __name__ == "__main__":
     train_app()
