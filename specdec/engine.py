@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -46,6 +46,9 @@ class Engine:
         self.eos_ids = frozenset(eos)
         self._ids = itertools.count()
         self.sequences: dict[int, Sequence] = {}
+        # Called as observer(seq, tree, result) after each verified step: experiments record trees and accepted
+        # paths here without the engine knowing what they measure.
+        self.step_observers: list[Callable[[Sequence, TokenTree, VerifyResult], None]] = []
 
     # ----------------------------------------------------------------------------------------------- requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
@@ -95,9 +98,13 @@ class Engine:
                   None if tree.is_chain else tree.ancestor_mask, "all")
             for seq, tree in zip(batch.decodes, trees)
         ]
-        outs = self.runner.run(chunks, return_hidden=self.drafter.needs_hidden_states)
+        features = self.drafter.needs_hidden_states
+        outs = self.runner.run(chunks, return_hidden=features,
+                               capture_layers=tuple(getattr(self.drafter, "feature_layers", ()) or ()))
         touched: list[Sequence] = []
         for (seq, n), out in zip(batch.prefills, outs):
+            if features:  # a feature drafter builds its own state from the target's features over the prompt
+                self.drafter.observe_prefill(seq, seq.num_computed, out.hidden)
             seq.num_computed += n
             if seq.num_computed == prefill_target(seq) and not seq.output_ids:
                 self._emit(seq, [self._first_token(seq, out.logits[0])])
@@ -115,6 +122,8 @@ class Engine:
         t2 = time.perf_counter()
         for seq, tree, result in zip(batch.decodes, trees, results):
             self._record(seq, tree, result, t1 - t0, t2 - t1)
+            for observer in self.step_observers:
+                observer(seq, tree, result)
             self._emit(seq, result.tokens)
             touched.append(seq)
         return touched

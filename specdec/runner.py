@@ -31,7 +31,7 @@ class Chunk:
 @dataclass
 class ChunkOutput:
     logits: Tensor | None  # [rows, V] float32 (rows: n for "all", 1 for "last")
-    hidden: Tensor | None  # [n, H] final hidden states, when asked for
+    hidden: Tensor | None  # [n, H] final hidden states, or [n, L*H] captured layer inputs, when asked for
     prefix_len: int  # cache length before this chunk was appended
 
 
@@ -50,9 +50,12 @@ class ModelRunner:
         return ModelRunner(model, cache, num_layers)
 
     @torch.inference_mode()
-    def run(self, chunks: list[Chunk], return_hidden: bool = False) -> list[ChunkOutput]:
+    def run(self, chunks: list[Chunk], return_hidden: bool = False,
+            capture_layers: tuple[int, ...] = ()) -> list[ChunkOutput]:
         """Append every chunk's slots, run one forward, split the outputs back per chunk.
 
+        With `return_hidden`, each output carries features for a feature drafter: the final-norm hidden states,
+        or, when `capture_layers` names layers (EAGLE-3), the residual streams entering them, concatenated.
         The caller must have checked that the cache has room (`cache.can_append`).
         """
         tables, prefixes, counts, slots, tokens, positions, masks = [], [], [], [], [], [], []
@@ -82,14 +85,18 @@ class ModelRunner:
             ctx,
             self.cache.layers,
             logits_rows=torch.tensor(rows, dtype=torch.int64, device=device),
-            return_hidden=return_hidden,
+            return_hidden=return_hidden and not capture_layers,
+            capture_layers=capture_layers if return_hidden else (),
             num_layers=self.num_layers,
         )
+        features = out.hidden
+        if return_hidden and capture_layers:
+            features = torch.cat([out.layer_inputs[i] for i in capture_layers], dim=-1)
         results, row = [], 0
         for b, chunk in enumerate(chunks):
             n_rows = {"all": counts[b], "last": 1, "none": 0}[chunk.logits]
             logits = out.logits[row: row + n_rows] if n_rows else None
-            hidden = out.hidden[starts[b]: starts[b + 1]] if out.hidden is not None else None
+            hidden = features[starts[b]: starts[b + 1]] if features is not None else None
             results.append(ChunkOutput(logits, hidden, prefixes[b]))
             row += n_rows
         return results

@@ -45,6 +45,23 @@ class Drafter(Protocol):
         ...
 
 
+class FeatureDrafter(Protocol):
+    """A drafter that reads the target's features (Medusa, EAGLE): `needs_hidden_states = True`.
+
+    The engine then asks the target pass for features and hands them over twice:
+    * after each prefill chunk, `observe_prefill(seq, start, features)` with the features of prompt positions
+      `start .. start + n - 1` (a preempted sequence is released and observed again from 0);
+    * after each verify step, in `VerifyResult.hidden`: the features at the accepted nodes (root first).
+    Features are the final-norm hidden states `[n, H]`, or, if the drafter sets `feature_layers` (EAGLE-3),
+    the residual streams entering those target layers, concatenated `[n, len(feature_layers) * H]`.
+    """
+
+    feature_layers: tuple[int, ...]
+
+    def observe_prefill(self, seq: Sequence, start: int, features: torch.Tensor) -> None:
+        ...
+
+
 @dataclass
 class DrafterContext:
     """What a drafter factory may use to build itself."""
