@@ -68,17 +68,20 @@ class Teacher:
 
 
 # ------------------------------------------------------------------------------------------ dense forward
-def dense_forward(model: LlamaModel, ids: Tensor) -> Tensor:
+def dense_forward(model: LlamaModel, ids: Tensor, capture: dict[int, Tensor] | None = None) -> Tensor:
     """Final-norm hidden states [B, T, H] of a right-padded batch [B, T], causal attention, positions 0..T-1.
 
     The same modules as the engine's paged forward, without a cache: padding sits after every real token, so
-    causal attention never lets a real token see it.
+    causal attention never lets a real token see it. If `capture` holds layer indices as keys, their values are
+    replaced by the residual stream entering those layers (EAGLE-3's fused features).
     """
     c = model.config
     batch, length = ids.shape
     positions = torch.arange(length, device=ids.device).repeat(batch)
     x = model.embed_tokens(ids)
-    for layer in model.layers:
+    for index, layer in enumerate(model.layers):
+        if capture is not None and index in capture:
+            capture[index] = x
         attn = layer.self_attn
         q, k, v = attn.qkv_proj(layer.input_layernorm(x)).split([c.q_size, c.kv_size, c.kv_size], dim=-1)
         q, k = model.rope(positions, q.reshape(-1, c.num_heads, c.head_dim), k.reshape(-1, c.num_kv_heads, c.head_dim))

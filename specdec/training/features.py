@@ -1,0 +1,59 @@
+"""Target features over a corpus, for training feature drafters (Medusa heads, EAGLE predictors).
+
+Both trainers need, for every prompt + answer of a self-distillation corpus, what the engine hands a feature
+drafter at run time: the target's final-norm hidden states (Medusa, EAGLE-1/2) or the residual streams entering
+a few layers (EAGLE-3). One dense causal forward per batch gives them for every position at once; they are kept
+in bf16 on the CPU (72k tokens x 576 x 2 bytes is ~80 MB per feature for the default model's corpus).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from specdec.models.llama import LlamaModel
+from specdec.training.draft_distill import Corpus, Progress, _no_progress, dense_forward
+
+
+@dataclass
+class Features:
+    """Per sequence (prompt + answer): final hidden states, and captured layer inputs if asked for."""
+
+    hidden: list[Tensor] = field(default_factory=list)  # [T_i, H] bf16, final-norm hidden states
+    layers: dict[int, list[Tensor]] = field(default_factory=dict)  # layer -> [T_i, H] bf16 inputs of that layer
+    seconds: float = 0.0
+
+
+@torch.inference_mode()
+def record_features(target: LlamaModel, corpus: Corpus, capture_layers: tuple[int, ...] = (),
+                    batch_tokens: int = 4096, progress: Progress = _no_progress) -> Features:
+    """Run the target densely over every corpus sequence, batching sequences up to `batch_tokens` (padded)."""
+    features = Features(layers={i: [] for i in capture_layers})
+    sequences = [p + r for p, r in zip(corpus.prompt_ids, corpus.response_ids)]
+    n = len(sequences)
+    index = 0
+    progress("features", 0, n, {})
+    while index < n:
+        start = time.perf_counter()
+        batch = [index]
+        longest = len(sequences[index])
+        while index + len(batch) < n and max(longest, len(sequences[index + len(batch)])) * (len(batch) + 1) <= batch_tokens:
+            longest = max(longest, len(sequences[index + len(batch)]))
+            batch.append(index + len(batch))
+        ids = torch.zeros(len(batch), longest, dtype=torch.int64)
+        for row, i in enumerate(batch):
+            ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
+        capture: dict[int, Tensor] | None = {i: None for i in capture_layers} if capture_layers else None
+        hidden = dense_forward(target, ids.to(target.device), capture)
+        for row, i in enumerate(batch):
+            length = len(sequences[i])
+            features.hidden.append(hidden[row, :length].to("cpu", torch.bfloat16))
+            for layer in capture_layers:
+                features.layers[layer].append(capture[layer][row, :length].to("cpu", torch.bfloat16))
+        index += len(batch)
+        features.seconds += time.perf_counter() - start
+        progress("features", index, n, {})
+    return features
