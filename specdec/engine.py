@@ -37,7 +37,8 @@ class Engine:
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.tree = tree
-        self.runner = ModelRunner.create(model, config.num_blocks, config.block_size)
+        self.runner = ModelRunner.create(model, config.num_blocks, config.block_size,
+                                         prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.runner.cache)
         self.max_len = model.config.max_position
         eos = set(model.config.eos_token_ids)
@@ -106,6 +107,7 @@ class Engine:
             if features:  # a feature drafter builds its own state from the target's features over the prompt
                 self.drafter.observe_prefill(seq, seq.num_computed, out.hidden)
             seq.num_computed += n
+            self._cache_full_blocks(seq)
             if seq.num_computed == prefill_target(seq) and not seq.output_ids:
                 self._emit(seq, [self._first_token(seq, out.logits[0])])
                 touched.append(seq)
@@ -116,6 +118,7 @@ class Engine:
                 result = replace(result, hidden=out.hidden[result.accepted_nodes])
             self.runner.commit_path(seq.table, out.prefix_len, result.accepted_nodes)
             seq.num_computed = seq.table.length
+            self._cache_full_blocks(seq)
             results.append(result)
         if batch.decodes:
             self.drafter.commit(batch.decodes, results)
@@ -127,6 +130,11 @@ class Engine:
             self._emit(seq, result.tokens)
             touched.append(seq)
         return touched
+
+    def _cache_full_blocks(self, seq: Sequence) -> None:
+        prefix = self.runner.cache.prefix
+        if prefix is not None and len(seq.table.cached) < seq.table.length // self.config.block_size:
+            prefix.register(seq.table, seq.token_ids)
 
     def _prefill_chunk(self, seq: Sequence, n: int) -> Chunk:
         start = seq.num_computed

@@ -43,10 +43,11 @@ class ModelRunner:
         self.device = model.device
 
     @staticmethod
-    def create(model: LlamaModel, num_blocks: int, block_size: int, num_layers: int | None = None) -> "ModelRunner":
+    def create(model: LlamaModel, num_blocks: int, block_size: int, num_layers: int | None = None,
+               prefix_caching: bool = False) -> "ModelRunner":
         c = model.config
         cache = PagedKVCache(num_layers or c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim,
-                             dtype=model.dtype, device=model.device)
+                             dtype=model.dtype, device=model.device, prefix_caching=prefix_caching)
         return ModelRunner(model, cache, num_layers)
 
     @torch.inference_mode()

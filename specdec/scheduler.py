@@ -80,16 +80,32 @@ class Scheduler:
             return batch
         while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             seq = self.waiting[0]
+            hit = self._match_prefix(seq)
             chunk = min(prefill_target(seq) - seq.num_computed, self.config.prefill_chunk, budget)
             last = seq.num_computed + chunk == prefill_target(seq)
             need = self.cache.blocks_needed(seq.table, chunk + (tree_nodes if last else 0))
             if reserved + need > self.cache.num_free_blocks:
+                if hit:  # not admitted after all: give the cached blocks back until next time
+                    self.cache.free(seq.table)
+                    seq.num_computed = 0
                 break
+            if self.cache.prefix is not None:
+                self.cache.prefix.count_query(prefill_target(seq), hit)
+                seq.metrics.cached_prompt_tokens += hit
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
             reserved, budget = self._schedule_prefill(seq, batch, reserved, budget)
         return batch
+
+    def _match_prefix(self, seq: Sequence) -> int:
+        """Reuse cached K/V for the start of a new (or recomputed) sequence; at least one token is left to compute,
+        since the last one's logits give the next token."""
+        if self.cache.prefix is None or seq.num_computed or seq.table.blocks:
+            return 0
+        hit = self.cache.prefix.match(seq.table, seq.token_ids, prefill_target(seq) - 1)
+        seq.num_computed = hit
+        return hit
 
     def _schedule_prefill(self, seq: Sequence, batch: ScheduledBatch, reserved: int, budget: int) -> tuple[int, int]:
         chunk = min(prefill_target(seq) - seq.num_computed, self.config.prefill_chunk, budget)

@@ -2,5 +2,6 @@
 
 from specdec.kvcache.block_pool import BlockPool
 from specdec.kvcache.paged_cache import BlockTable, PagedKVCache
+from specdec.kvcache.prefix_cache import PrefixCache
 
-__all__ = ["BlockPool", "BlockTable", "PagedKVCache"]
+__all__ = ["BlockPool", "BlockTable", "PagedKVCache", "PrefixCache"]

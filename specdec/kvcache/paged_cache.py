@@ -18,6 +18,7 @@ from torch import Tensor
 from specdec import kernels
 from specdec.kernels.reference import gather_kv
 from specdec.kvcache.block_pool import BlockPool
+from specdec.kvcache.prefix_cache import PrefixCache
 
 
 @dataclass
@@ -26,6 +27,8 @@ class BlockTable:
 
     blocks: list[int] = field(default_factory=list)
     length: int = 0
+    cached: list[tuple[int, int]] = field(default_factory=list)  # (chain hash, cache entry id) per full block,
+    # for the leading blocks the prefix cache has seen (kept by `PrefixCache`; empty without prefix caching)
 
     def slot(self, position: int, block_size: int) -> int:
         return self.blocks[position // block_size] * block_size + position % block_size
@@ -41,9 +44,11 @@ class PagedKVCache:
         head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        prefix_caching: bool = False,
     ) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
+        self.prefix = PrefixCache(self.pool, block_size) if prefix_caching else None
         shape = (num_blocks, block_size, kv_heads, head_dim)
         self.layers: list[tuple[Tensor, Tensor]] = [
             (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
@@ -105,6 +110,7 @@ class PagedKVCache:
         for block in table.blocks[keep:]:
             self.pool.release(block)
         del table.blocks[keep:]
+        del table.cached[length // self.block_size:]
         table.length = length
 
     def copy_slots(self, src_slots: list[int], dst_slots: list[int]) -> None:
@@ -121,7 +127,7 @@ class PagedKVCache:
         """A new table sharing every block of `table`; the first write into a shared partial block copies it."""
         for block in table.blocks:
             self.pool.share(block)
-        return BlockTable(blocks=list(table.blocks), length=table.length)
+        return BlockTable(blocks=list(table.blocks), length=table.length, cached=list(table.cached))
 
     def free(self, table: BlockTable) -> None:
         self.truncate(table, 0)
