@@ -55,6 +55,9 @@ class EngineConfig:
     max_tree_nodes: int = 128
     prefill_chunk: int = 512
     enable_prefix_caching: bool = True
+    # Choose each sequence's tree depth every step for the most goodput (0 = plain decode when speculation
+    # does not pay); False drafts the full tree every step (acceptance experiments want that).
+    adaptive_speculation: bool = True
     # "lossless" (rejection sampling; the output follows the target exactly) or "typical" (Medusa's typical
     # acceptance: accepts any draft token the target finds plausible enough; lossy, opt-in, sampled requests only)
     acceptance: str = "lossless"

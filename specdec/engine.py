@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from specdec.adaptive import SpeculationPlanner
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import Drafter
 from specdec.errors import OutOfBlocksError, PromptTooLongError
@@ -37,6 +38,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.tree = tree
+        self.planner = SpeculationPlanner() if config.adaptive_speculation else None
         self.runner = ModelRunner.create(model, config.num_blocks, config.block_size,
                                          prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.runner.cache)
@@ -90,8 +92,7 @@ class Engine:
                 return []
             raise OutOfBlocksError("the KV cache cannot hold even one running sequence; raise kv_cache_tokens")
         t0 = time.perf_counter()
-        trees = self.drafter.propose(batch.decodes, self.tree) if batch.decodes else []
-        trees = [self._fit_context(seq, tree) for seq, tree in zip(batch.decodes, trees)]
+        trees = [self._fit_context(seq, tree) for seq, tree in zip(batch.decodes, self._propose(batch))]
         t1 = time.perf_counter()
         chunks = [self._prefill_chunk(seq, n) for seq, n in batch.prefills]
         chunks += [
@@ -102,6 +103,8 @@ class Engine:
         features = self.drafter.needs_hidden_states
         outs = self.runner.run(chunks, return_hidden=features,
                                capture_layers=tuple(getattr(self.drafter, "feature_layers", ()) or ()))
+        if self.planner is not None:
+            self.planner.observe_forward(sum(len(c.tokens) for c in chunks), time.perf_counter() - t1)
         touched: list[Sequence] = []
         for (seq, n), out in zip(batch.prefills, outs):
             if features:  # a feature drafter builds its own state from the target's features over the prompt
@@ -125,11 +128,32 @@ class Engine:
         t2 = time.perf_counter()
         for seq, tree, result in zip(batch.decodes, trees, results):
             self._record(seq, tree, result, t1 - t0, t2 - t1)
+            if self.planner is not None:
+                self.planner.observe_step(int(tree.depth.max()), result.num_accepted_drafts)
             for observer in self.step_observers:
                 observer(seq, tree, result)
             self._emit(seq, result.tokens)
             touched.append(seq)
         return touched
+
+    def _propose(self, batch) -> list[TokenTree]:
+        """Trees for the decoding sequences: the drafter's, cut to the planner's depth for each sequence."""
+        seqs = batch.decodes
+        if not seqs:
+            return []
+        if self.planner is None:
+            return self.drafter.propose(seqs, self.tree)
+        depths = self.planner.plan(seqs, self.tree, sum(n for _, n in batch.prefills))
+        drafting = [seq for seq, d in zip(seqs, depths) if d > 0]
+        trees: dict[int, TokenTree] = {}
+        if drafting:
+            deepest = max(depths)
+            start = time.perf_counter()
+            proposed = self.drafter.propose(drafting, self.tree.limited(deepest))
+            self.planner.observe_draft(deepest, time.perf_counter() - start)
+            trees = {seq.seq_id: tree for seq, tree in zip(drafting, proposed)}
+        return [trees[seq.seq_id].cut(d) if d > 0 else TokenTree.chain([seq.last_token])
+                for seq, d in zip(seqs, depths)]
 
     def _cache_full_blocks(self, seq: Sequence) -> None:
         prefix = self.runner.cache.prefix
@@ -144,14 +168,7 @@ class Engine:
 
     def _fit_context(self, seq: Sequence, tree: TokenTree) -> TokenTree:
         """Drop tree nodes whose position would pass the model's context."""
-        room = self.max_len - seq.table.length - 1  # deepest depth that still fits
-        if int(tree.depth.max()) <= room:
-            return tree
-        keep = [i for i, d in enumerate(tree.depth.tolist()) if d <= room]
-        index = {old: new for new, old in enumerate(keep)}
-        parents = [-1] + [index[tree.parent_list[i]] for i in keep[1:]]
-        probs = tree.draft_probs[keep] if tree.draft_probs is not None else None
-        return TokenTree.from_parents(tree.tokens[keep].tolist(), parents, probs)
+        return tree.cut(self.max_len - seq.table.length - 1)  # the deepest depth that still fits
 
     def _first_token(self, seq: Sequence, logits: torch.Tensor) -> int:
         if seq.params.greedy:

@@ -87,6 +87,17 @@ class TokenTree:
             out.append(path[::-1])
         return out
 
+    def cut(self, max_depth: int) -> "TokenTree":
+        """The tree without nodes deeper than `max_depth` drafted tokens (the root is depth 0)."""
+        depths = self.depth.tolist()
+        if max(depths) <= max_depth:
+            return self
+        keep = [i for i, d in enumerate(depths) if d <= max_depth]
+        index = {old: new for new, old in enumerate(keep)}
+        parents = [-1] + [index[self.parent_list[i]] for i in keep[1:]]
+        probs = self.draft_probs[keep] if self.draft_probs is not None else None
+        return TokenTree.from_parents(self.tokens[keep].tolist(), parents, probs)
+
     @property
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parent_list))

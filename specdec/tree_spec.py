@@ -16,6 +16,12 @@ from specdec.spec_strings import parse_spec
 
 Choice = tuple[int, ...]
 
+# Medusa trees (head i's rank-r token at depth i + 1), built by `specdec.training.medusa.optimal_tree` from the
+# per-head top-k accuracy of the shipped smollm2-135m heads on held-out answers (see their README).
+MEDUSA_TREES: dict[str, list[Choice]] = {
+    "medusa-8": [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)],
+}
+
 # Built-in static trees, denser near the root where acceptance is highest.
 BUILTIN_TREES: dict[str, list[Choice]] = {
     "chain-5": [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0)],
@@ -27,6 +33,7 @@ BUILTIN_TREES: dict[str, list[Choice]] = {
                 (0, 0, 1, 0), (0, 1, 0, 0), (1, 0, 0, 0), (0, 0, 0, 0, 0), (0, 0, 0, 0, 1), (0, 0, 0, 1, 0),
                 (0, 0, 1, 0, 0), (0, 0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 1), (0, 0, 0, 0, 0, 0, 0),
                 (0, 0, 0, 0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 0, 0, 0, 0)],
+    **MEDUSA_TREES,
 }
 
 
@@ -41,6 +48,25 @@ class TreeSpec:
     @property
     def max_nodes(self) -> int:
         return self.budget + 1
+
+    def nodes_within(self, depth: int) -> int:
+        """Most drafted nodes at depth <= `depth` (what a tree cut at that depth can cost)."""
+        depth = min(depth, self.depth)
+        if self.kind == "static":
+            return sum(1 for c in self.choices if len(c) <= depth)
+        if self.kind == "chain":
+            return depth
+        return min(self.budget, sum(self.topk ** d if self.topk ** d < self.budget else self.budget
+                                    for d in range(1, depth + 1)))
+
+    def limited(self, depth: int) -> "TreeSpec":
+        """The same shape, no deeper than `depth` (static trees keep their choices within that depth)."""
+        if depth >= self.depth:
+            return self
+        if self.kind == "static":
+            kept = tuple(c for c in self.choices if len(c) <= depth)
+            return TreeSpec("static", depth=depth, topk=self.topk, budget=len(kept), choices=kept)
+        return TreeSpec(self.kind, depth=depth, topk=self.topk, budget=self.nodes_within(depth))
 
 
 def chain(k: int) -> TreeSpec:
