@@ -24,10 +24,15 @@ def model():
 
 
 def make_requests(n: int, seed: int) -> list[tuple[list[int], SamplingParams]]:
+    """Random lengths and budgets; half the prompts start with one of three shared "system prompts", so the
+    prefix cache both hits and gets evicted under the tight KV budget."""
     rng = random.Random(seed)
+    systems = [[rng.randrange(8) for _ in range(rng.randint(5, 14))] for _ in range(3)]
     requests = []
     for _ in range(n):
-        prompt = [rng.randrange(8) for _ in range(rng.randint(3, 40))]  # small alphabet: n-grams repeat
+        prompt = [rng.randrange(8) for _ in range(rng.randint(1, 30))]  # small alphabet: n-grams repeat
+        if rng.random() < 0.5:
+            prompt = rng.choice(systems) + prompt
         requests.append((prompt, SamplingParams(max_new_tokens=rng.randint(1, 24), ignore_eos=True)))
     return requests
 
@@ -51,7 +56,7 @@ def alone(model, prompt, params) -> list[int]:
 
 @pytest.fixture(scope="module")
 def requests_and_expected(model):
-    requests = make_requests(50, seed=5)
+    requests = make_requests(200, seed=5)
     return requests, [alone(model, p, s) for p, s in requests]
 
 
@@ -59,12 +64,14 @@ def requests_and_expected(model):
 def test_outputs_under_preemption_equal_each_request_alone(model, requests_and_expected, name):
     requests, expected = requests_and_expected
     make_drafter, tree = drafters(model)[name]
-    # 160 tokens of KV for 50 requests of up to 64 tokens each: preemption is certain.
+    # 160 tokens of KV for 200 requests of up to 68 tokens each: preemption is certain. Adaptive speculation and
+    # prefix caching are on (the defaults), so tree depths vary from step to step and blocks are shared.
     engine = tiny_engine(model, make_drafter(), tree, kv_cache_tokens=160, block_size=4, max_num_seqs=16,
                          max_num_batched_tokens=64, prefill_chunk=16, max_tree_nodes=16)
     seqs = [engine.add_request(p, s) for p, s in requests]
     run_all(engine)
     assert sum(s.metrics.preemptions for s in seqs) > 0, "the KV budget was meant to force preemption"
+    assert sum(s.metrics.cached_prompt_tokens for s in seqs) > 0, "shared prompt starts were meant to hit the cache"
     for seq, want in zip(seqs, expected):
         assert seq.output_ids == want
         assert seq.finish_reason == "length"
