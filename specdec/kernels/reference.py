@@ -95,11 +95,47 @@ def paged_attention(
     than a Python loop of small calls. The gather indices and the mask depend only on the metadata, so they
     are built once per forward pass and kept in `workspace` for the other layers.
     """
-    plan = workspace.get("plan") if workspace is not None else None
-    if plan is None:
-        plan = _plan(block_tables, prefix_lens, query_start_loc, tree_mask, k_cache.shape[1])
+    groups = workspace.get("groups") if workspace is not None else None
+    if groups is None:
+        groups = _group_plans(block_tables, prefix_lens, query_start_loc, tree_mask, k_cache.shape[1])
         if workspace is not None:
-            workspace["plan"] = plan
+            workspace["groups"] = groups
+    if len(groups) == 1 and groups[0][0] is None:
+        return _attend(q, k_cache, v_cache, groups[0][1], scale)
+    out = torch.empty_like(q)
+    for rows, plan in groups:
+        out[rows] = _attend(q[rows], k_cache, v_cache, plan, scale)
+    return out
+
+
+DECODE_LIKE = 16  # sequences with at most this many new tokens (decodes, trees) share one padded call
+
+
+def _group_plans(block_tables: Tensor, prefix_lens: Tensor, query_start_loc: Tensor, tree_mask: Tensor | None,
+                 block_size: int) -> list[tuple[Tensor | None, tuple]]:
+    """Split a mixed batch so padding stays cheap: decodes and trees together, each long prefill chunk alone.
+
+    Padding every sequence to the longest one's new tokens would make 63 one-token decodes cost as much as 63
+    copies of a 512-token prefill chunk. Returns (query rows or None for all rows, plan) per group.
+    """
+    counts = (query_start_loc[1:] - query_start_loc[:-1]).tolist()
+    if len(counts) == 1 or max(counts) <= DECODE_LIKE:
+        return [(None, _plan(block_tables, prefix_lens, query_start_loc, tree_mask, block_size))]
+    starts = query_start_loc.tolist()
+    small = [b for b, n in enumerate(counts) if n <= DECODE_LIKE]
+    groups = [small] if small else []
+    groups += [[b] for b, n in enumerate(counts) if n > DECODE_LIKE]
+    plans = []
+    for members in groups:
+        rows = torch.cat([torch.arange(starts[b], starts[b + 1]) for b in members]).to(query_start_loc.device)
+        local = torch.tensor([0] + [counts[b] for b in members], dtype=torch.int64).cumsum(0)
+        index = torch.tensor(members, dtype=torch.int64, device=block_tables.device)
+        plans.append((rows, _plan(block_tables[index], prefix_lens[index], local.to(query_start_loc.device),
+                                  tree_mask[rows] if tree_mask is not None else None, block_size)))
+    return plans
+
+
+def _attend(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: tuple, scale: float) -> Tensor:
     slots, key_padding, mask, query_rows, query_valid = plan
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     keys = k_cache.view(-1, kv_heads, head_dim)[slots]  # [B, L, Hkv, D]

@@ -48,6 +48,16 @@ def test_paged_reference_equals_dense_attention(make_case, tree: str | None, gro
     torch.testing.assert_close(paged, dense_attention(case), atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.parametrize("tree", [None, "random"])
+def test_mixed_prefill_and_decode_batches_split_into_groups(make_case, tree: str | None) -> None:
+    """Two long chunks (> DECODE_LIKE new tokens) among short ones: attention runs per group, same answer."""
+    case = make_case(41, [0, 9, 3, 30, 0], [1, 20, 4, 1, 33], kv_heads=2, group=2, head_dim=16, page=4, tree=tree)
+    workspace: dict = {}
+    paged = reference.paged_attention(*case.upcast().args(), workspace=workspace)
+    assert len(workspace["groups"]) == 3
+    torch.testing.assert_close(paged, dense_attention(case), atol=1e-10, rtol=1e-10)
+
+
 def test_decode_reference_equals_dense_attention(make_case) -> None:
     case = make_case(30, [0, 7, 19], [1, 1, 1], kv_heads=1, group=4, head_dim=16, page=4)
     wide = case.upcast()
