@@ -47,7 +47,8 @@ class ModelRunner:
                prefix_caching: bool = False) -> "ModelRunner":
         c = model.config
         cache = PagedKVCache(num_layers or c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim,
-                             dtype=model.dtype, device=model.device, prefix_caching=prefix_caching)
+                             dtype=model.kv_cache_dtype or model.dtype, device=model.device,
+                             prefix_caching=prefix_caching)
         return ModelRunner(model, cache, num_layers)
 
     @torch.inference_mode()

@@ -107,6 +107,8 @@ class LlamaModel(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(config, device)
+        # K/V cache (and so attention) precision when it must differ from the weights' (see api.py, int8)
+        self.kv_cache_dtype: torch.dtype | None = None
 
     @property
     def device(self) -> torch.device:
