@@ -1,4 +1,4 @@
-"""`specdec` command line: generate (streaming, live stats), models.
+"""`specdec` command line: generate (streaming, live stats), models, bench.
 
 User errors (`SpecdecError`) become one red line and exit code 2; only bugs show a traceback.
 """
@@ -51,6 +51,11 @@ def generate(
     output: Optional[Path] = typer.Option(None, help="Where batch mode writes its JSONL results."),
     max_concurrency: int = typer.Option(16, help="Batch mode: most requests running at once."),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores but one)."),
+    adaptive: bool = typer.Option(True, help="Size each sequence's tree every step for the most goodput "
+                                             "(--no-adaptive drafts the full tree every step)."),
+    prefix_caching: bool = typer.Option(True, help="Reuse the K/V of prompt prefixes already computed."),
+    acceptance: str = typer.Option("lossless", help="lossless, or typical (Medusa's rule: faster, LOSSY; "
+                                                    "sampled requests only)."),
 ) -> None:
     """Generate text, streaming tokens as they are produced, then print one stats line."""
     from specdec.config import EngineConfig, SamplingParams
@@ -62,8 +67,9 @@ def generate(
             fail("give a PROMPT or --prompts-file")
         if threads is not None and threads < 1:
             fail("--threads must be at least 1")
-        llm = _load(target, device, dtype, quantize, drafter, tree, EngineConfig(max_num_seqs=max_concurrency),
-                    threads)
+        config = EngineConfig(max_num_seqs=max_concurrency, adaptive_speculation=adaptive,
+                              enable_prefix_caching=prefix_caching, acceptance=acceptance)
+        llm = _load(target, device, dtype, quantize, drafter, tree, config, threads)
         if prompts_file is not None:
             from specdec.batch_cli import run_batch
 
@@ -141,6 +147,48 @@ def models() -> None:
         for m in cached.values():
             listing.add_row(str(m["name"]), str(m["path"]), f"{m.get('size_bytes', m.get('size', 0)) / 1e6:.0f} MB")
         console.print(listing)
+
+
+@app.command()
+def bench(
+    target: str = typer.Option("smollm2-135m", help="Target model (dummy:<shape> targets run without peers)."),
+    device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
+    dtype: Optional[str] = typer.Option(None, help="Our dtype (default: float32 on CPU, bfloat16 on CUDA)."),
+    quantize: Optional[str] = typer.Option(None, help="int8 for our engine; transformers stays fp32."),
+    drafter: Optional[str] = typer.Option(None, help="One drafter spec against plain decode (e.g. oracle:alpha=0.8)."),
+    methods: Optional[str] = typer.Option(None, help="'drafter|tree;...' (default: every registered drafter)."),
+    peers: Optional[str] = typer.Option(None, help="Transformers peers: generate,prompt-lookup,assisted."),
+    no_peers: bool = typer.Option(False, "--no-peers", help="Run our methods only."),
+    threads: int = typer.Option(1, help="CPU threads for both engines."),
+    max_new_tokens: Optional[int] = typer.Option(None, help="New tokens per turn (default 64; --quick 16)."),
+    prompts_per_category: Optional[int] = typer.Option(None, help="Prompts per category (default 2; --quick 1)."),
+    categories: Optional[str] = typer.Option(None, help="Comma-separated (default: Spec-Bench's six)."),
+    split: str = typer.Option("test", help="Prompt split: test or dev."),
+    out: Optional[Path] = typer.Option(None, help="Output folder (default bench/results/suite)."),
+    quick: bool = typer.Option(False, help="CI size: 1 prompt per category, 16 tokens, none + ngram, 2 peers."),
+) -> None:
+    """Bench suite: our plain decode and drafters vs transformers, per Spec-Bench category (code in bench/)."""
+    suite = _bench_suite()
+    try:
+        options = suite.resolve_options(**{k: v for k, v in locals().items() if k != "suite"})
+        suite.run_suite(options, console)
+    except SpecdecError as exc:
+        fail(str(exc))
+
+
+def _bench_suite():
+    """bench/suite.py lives in the source checkout, next to the package, not inside the installed package."""
+    import importlib
+
+    import specdec
+
+    root = Path(specdec.__file__).resolve().parents[1]
+    if not (root / "bench" / "suite.py").is_file():
+        fail(f"`specdec bench` runs from a source checkout: {root / 'bench' / 'suite.py'} is missing "
+             "(clone the repository and install it with `pip install -e .[bench]`)")
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    return importlib.import_module("bench.suite")
 
 
 def _add_subcommands() -> None:
