@@ -11,7 +11,9 @@ decode under load. So each step the planner maximises goodput,
 over the per-sequence depths k_i, from three things it measures as the engine runs:
 
 * `beta_{i,d}`: the probability that sequence i accepts at least d drafted tokens (its own history at depth d,
-  blended with the drafter's across all sequences, so a young sequence starts from a sensible prior);
+  blended with the drafter's across all sequences, so a young sequence starts from a sensible prior), plus one
+  standard error: an optimistic estimate, so that a drafter unlucky in its first steps is tried again until
+  the evidence is firm, instead of being switched off for good by a bad start;
 * `T(n)`: seconds of one target forward over n batched tokens (`StepCost`, piecewise linear in n);
 * the drafter's seconds per drafted depth.
 
@@ -116,7 +118,9 @@ class SpeculationPlanner:
         betas: list[float] = []
         for d in range(depth):
             if d < len(self._proposed) and self._proposed[d] > 0:
-                beta = (self._accepted[d] + PRIOR_BETA ** (d + 1)) / (self._proposed[d] + 1)
+                seen = self._proposed[d] + 1
+                beta = (self._accepted[d] + PRIOR_BETA ** (d + 1)) / seen
+                beta = min(beta + math.sqrt(beta * (1 - beta) / seen), 1.0)  # optimism: keep exploring while unsure
             elif d >= 2 and betas[-2] > 0:
                 beta = betas[-1] * betas[-1] / betas[-2]
             else:
@@ -132,6 +136,7 @@ class SpeculationPlanner:
             seen = m.proposed_by_depth[d] if d < len(m.proposed_by_depth) else 0
             hits = m.accepted_by_depth[d] if d < len(m.accepted_by_depth) else 0
             beta = (hits + PRIOR_WEIGHT * p) / (seen + PRIOR_WEIGHT)
+            beta = min(beta + math.sqrt(beta * (1 - beta) / (seen + PRIOR_WEIGHT)), 1.0)
             betas.append(min(beta, betas[-1]) if betas else beta)
         return betas
 
