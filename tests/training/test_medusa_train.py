@@ -1,0 +1,91 @@
+"""Medusa self-distillation: labels line up with the heads' offsets, the loss falls, a run writes heads the
+drafter loads, resume restores the checkpoint, and trees follow the measured accuracy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from specdec.drafters.medusa_heads import MedusaHeads, load_heads, save_heads
+from specdec.errors import ConfigError
+from specdec.models.loader import LoadedModel
+from specdec.training.draft_distill import Corpus, TrainSettings, save_atomic
+from specdec.training.medusa import (
+    HeadFeatures, MedusaConfig, head_batch, head_features, head_losses, optimal_tree, run_medusa, train_heads,
+)
+from tests.helpers import NoTokenizer, tiny_model
+
+VOCAB = 16
+
+
+def tiny_corpus(n: int = 12, seed: int = 0) -> Corpus:
+    """Answers that follow a rule the heads can learn (each token is the previous one + 1, mod VOCAB)."""
+    gen = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, VOCAB, (4,), generator=gen).tolist() for _ in range(n)]
+    answers = [[(p[-1] + 1 + i) % VOCAB for i in range(10)] for p in prompts]
+    return Corpus(prompts, answers)
+
+
+def test_labels_are_the_tokens_two_and_more_ahead():
+    feats = HeadFeatures(hidden=[torch.zeros(4, 8)], labels=[torch.tensor([10, 11, 12, 13])])
+    rows, labels = head_batch(feats, [0], num_heads=2, device=torch.device("cpu"))
+    assert rows.shape == (4, 8)
+    # row 0 is the last prompt position: the target's head gives answer[0]; Medusa head k gives answer[k + 1]
+    assert labels.tolist() == [[11, 12], [12, 13], [13, -100], [-100, -100]]
+
+
+def test_loss_falls_within_a_few_steps(tmp_path):
+    model = tiny_model(0, vocab=VOCAB, sharpness=3.0)
+    corpus = tiny_corpus()
+    feats = head_features(model, corpus)
+    c = model.config
+    heads = MedusaHeads(3, 1, c.hidden_size, c.vocab_size, model.lm_head)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    everything = list(range(len(corpus.prompt_ids)))
+    rows, labels = head_batch(feats, everything, 3, torch.device("cpu"))
+    before = head_losses(heads, rows, labels).detach()
+    s = TrainSettings(steps=30, batch_size=4, lr=3e-2, warmup=2, checkpoint_every=10)
+    state = train_heads(heads, feats, everything[:-2], everything[-2:], s, tmp_path / "ckpt.pt")
+    after = head_losses(heads, rows, labels).detach()
+    assert state.step == 30 and len(state.history) == 3
+    assert (after < 0.7 * before).all(), (before, after)
+    assert not heads.weight.requires_grad and model.lm_head.weight.grad is None  # the target stays frozen
+
+
+def test_a_run_writes_heads_that_load_and_resume_restores_them(tmp_path):
+    model = tiny_model(1, vocab=VOCAB, sharpness=3.0)
+    loaded = LoadedModel(model, NoTokenizer(), "dummy:tiny")
+    corpus_path = tmp_path / "corpus.pt"
+    save_atomic(vars(tiny_corpus()), corpus_path)
+    cfg = MedusaConfig(target="dummy:tiny", corpus=str(corpus_path), heads=2, steps=6, batch_size=4, lr=1e-2,
+                       val_prompts=2)
+    heads, meta = run_medusa(cfg, tmp_path / "run", loaded=loaded, log=lambda _: None)
+    assert meta["corpus"]["answers"] == 12 and len(meta["heldout_accuracy"]) == 2
+    assert heads.weight.abs().sum() > 0
+    save_heads(heads, tmp_path / "heads", dtype=torch.float32)
+    again = load_heads(tmp_path / "heads", model.config.hidden_size, VOCAB, model.lm_head)
+    hidden = torch.randn(3, model.config.hidden_size)
+    torch.testing.assert_close(again(hidden), heads(hidden))
+    resumed, _ = run_medusa(cfg, tmp_path / "run", resume=True, loaded=loaded, log=lambda _: None)
+    torch.testing.assert_close(resumed.weight, heads.weight)
+    with pytest.raises(ConfigError, match="already holds a run"):
+        run_medusa(cfg, tmp_path / "run", loaded=loaded, log=lambda _: None)
+
+
+def test_optimal_tree_follows_the_accuracy_table():
+    acc = [[0.6, 0.2, 0.1], [0.5, 0.1, 0.05]]
+    choices, tau = optimal_tree(acc, 3)
+    # values: (0,) .6, (0,0) .3, (1,) .2, (0,1) .06, (2,) .1
+    assert choices == [(0,), (1,), (0, 0)]
+    assert tau == pytest.approx(1 + 0.6 + 0.3 + 0.2)
+
+
+def test_cli_reports_a_missing_corpus_in_one_line(tmp_path):
+    from specdec.training.cli import train_app
+
+    result = CliRunner().invoke(train_app, ["medusa", "--target", "dummy:tiny-llama", "--corpus",
+                                            str(tmp_path / "missing.pt"), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert "does not exist" in result.output
