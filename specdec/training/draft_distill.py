@@ -494,15 +494,19 @@ def run_distillation(cfg: DistillConfig, out: Path, resume: bool = False, loaded
 
 def heldout_tau(loaded: Any, drafters: list[str], prompts: list[str], new_tokens: int = 64, k: int = 4,
                 progress: Progress = _no_progress) -> dict[str, float]:
-    """Mean accepted tokens per target step (the bonus token counted), greedy, chain of k, over `prompts`."""
+    """Mean accepted tokens per target step (the bonus token counted), greedy, chain of k, over `prompts`.
+
+    Adaptive speculation is off: tau measures the drafter on full chains, not the planner's choices.
+    """
     from specdec.api import LLM
-    from specdec.config import SamplingParams
+    from specdec.config import EngineConfig, SamplingParams
 
     taus = {}
     params = SamplingParams(max_new_tokens=new_tokens)
     for i, spec in enumerate(drafters):
         progress("eval", i, len(drafters), {"drafter": spec})
-        llm = LLM.from_loaded(loaded, drafter=spec, tree=f"chain:k={k}")
+        llm = LLM.from_loaded(loaded, drafter=spec, tree=f"chain:k={k}",
+                              engine_config=EngineConfig(adaptive_speculation=False))
         outputs = llm.generate(prompts, params)
         tokens = sum(sum(o.metrics.accepted_per_step) for o in outputs)
         steps = sum(o.metrics.target_steps for o in outputs)
