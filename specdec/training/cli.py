@@ -95,26 +95,13 @@ def _run(cfg, out: Path, resume: bool, eval_per_category: int) -> None:
     import json
     import time
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from specdec.drafters.draft_model import DEFAULT_EARLY_EXIT_LAYERS
-    from specdec.models.loader import load_model
     from specdec.training.draft_distill import heldout_tau, render_readme, run_distillation
+    from specdec.training.progress import load_target, stage_bars
 
     started = time.perf_counter()
-    with err_console.status(f"loading {cfg.target}..."):
-        loaded = load_model(cfg.target, "cpu", "float32", show_progress=True)
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}")]
-    with Progress(*columns, console=err_console) as bars:
-        tasks: dict[str, int] = {}
-
-        def progress(stage: str, done: int, total: int, fields: dict) -> None:
-            if stage not in tasks:
-                tasks[stage] = bars.add_task(_LABELS.get(stage, stage), total=total, info="")
-            info = "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in fields.items())
-            bars.update(tasks[stage], completed=done, total=total, **({"info": info} if info else {}))
-
+    loaded = load_target(cfg.target, "cpu", err_console)
+    with stage_bars(err_console, _LABELS) as (bars, progress):
         meta = run_distillation(cfg, out, resume=resume, loaded=loaded, progress=progress, log=bars.console.print)
         # Wall time of this invocation up to the written draft, the target's loading included (a resumed run
         # counts only its own part here; meta["seconds"]["total"] sums the stages over every run).
