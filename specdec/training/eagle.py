@@ -1,0 +1,411 @@
+"""Self-distillation of EAGLE predictors (`specdec train eagle|eagle3`).
+
+Stages, each saved in the run folder so `--resume` continues where a run stopped:
+
+1. corpus:   the target's greedy answers to training prompts (`draft_distill.generate_corpus`), or an existing
+             `corpus.pt` given with `--corpus` (the draft trainer's corpus serves as is).
+2. features: one dense target pass over every prompt + answer (`features.record_features`): final-norm hidden
+             states (EAGLE-1/2) or the residual streams entering layers 2, N//2, N-3 (EAGLE-3), in bf16; for
+             EAGLE-3 also the target's argmax at every position (its training labels and draft vocabulary).
+3. train:    teacher-forced over every position t of every sequence, the pair (f_t, x_{t+1}):
+             * EAGLE-1/2 (the published objective): smooth-L1 regression of h_t onto f_{t+1} (weight 1.0)
+               plus cross-entropy of head(h_t) against the target's distribution softmax(head(f_{t+1}))
+               (weight 0.1). No feature noise (the paper's U(-0.1, 0.1) augmentation is left out).
+             * EAGLE-3 (training-time test, simplified): `ttt_steps` unrolled steps. Step 0 reads target
+               features; step j reads the predictor's own step j-1 output of the previous position, as
+               drafting does at depth j+1, and attends to the target-feature entries up to t-j plus its own
+               chain's entries at t-j+1..t (the paper's diagonal masks). Each step's loss is cross-entropy
+               against the target's argmax token (hard labels, positions whose label is outside the draft
+               vocabulary masked), weighted 0.8^j. The draft vocabulary is the `draft_vocab` most frequent
+               target argmax tokens of the training sequences.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from specdec.drafters.eagle_checkpoint import default_feature_layers, write_eagle
+from specdec.drafters.eagle_model import EagleConfig, EaglePredictor
+from specdec.errors import ConfigError
+from specdec.models.llama import LlamaModel
+from specdec.training.draft_distill import (CORPUS_FILE, Corpus, Progress, TrainSettings, _no_progress,
+                                            batch_indices, check_run_folder, load_corpus, lr_at, save_atomic)
+
+FEATURES_FILE = "features.pt"
+CHECKPOINT_FILE = "checkpoint.pt"
+STEP_WEIGHT = 0.8  # EAGLE-3: weight of unrolled step j is 0.8^j
+
+
+@dataclass(frozen=True)
+class EagleTrainConfig:
+    """Everything that decides what a run produces (`run.json`; `--resume` must match)."""
+
+    kind: str = "eagle"  # "eagle" (EAGLE-1/2) or "eagle3"
+    target: str = "smollm2-135m"
+    prompts: str | None = None  # JSONL prompt file; None = the package's training corpus
+    corpus: str | None = None  # an existing corpus.pt to reuse instead of generating answers
+    max_prompts: int = 512
+    new_tokens: int = 64
+    steps: int = 300
+    batch_size: int = 8  # sequences per step
+    lr: float = 1e-3
+    val_prompts: int = 16
+    seed: int = 0
+    draft_vocab: int = 8192  # EAGLE-3 only
+    ttt_steps: int = 3  # EAGLE-3 only
+    ce_fraction: float = 1.0  # EAGLE-1/2: share of positions whose token loss is computed (the LM head is the
+    #                           cost of training on a CPU; regression always uses every position)
+    ce_weight: float = 0.1  # EAGLE-1/2: weight of the token loss (regression weighs 1.0), as published
+    teacher_bf16: bool = False  # bf16 autocast for the target's feature pass
+    train_bf16: bool = False  # bf16 autocast for the predictor (and the frozen head) while training
+
+    @property
+    def version(self) -> int:
+        return 3 if self.kind == "eagle3" else 1
+
+    def command(self, out: Path, published: bool = False) -> str:
+        parts = [f"specdec train {self.kind}", f"--target {self.target}"]
+        parts += [f"--prompts {self.prompts}"] if self.prompts else []
+        parts += [f"--corpus {self.corpus}"] if self.corpus else []
+        parts.append(f"--out {out}")
+        for name in ("max_prompts", "new_tokens", "steps", "batch_size", "lr", "val_prompts", "seed"):
+            parts.append(f"--{name.replace('_', '-')} {getattr(self, name)}")
+        if self.version == 1 and self.ce_fraction != 1.0:
+            parts.append(f"--ce-fraction {self.ce_fraction}")
+        if self.version == 1 and self.ce_weight != 0.1:
+            parts.append(f"--ce-weight {self.ce_weight}")
+        if self.version == 3:
+            parts += [f"--draft-vocab {self.draft_vocab}", f"--ttt-steps {self.ttt_steps}"]
+        parts += ["--teacher-bf16"] if self.teacher_bf16 else []
+        parts += ["--train-bf16"] if self.train_bf16 else []
+        parts += ["--published"] if published else []
+        return " ".join(parts)
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    seconds: float = 0.0
+    history: list[dict] = field(default_factory=list)  # {"step", "loss", "val_top1", ...} at checkpoints
+
+
+# ------------------------------------------------------------------------------------------------ model
+def init_predictor(target: LlamaModel, version: int, draft_ids: Tensor | None = None, seed: int = 0) -> EaglePredictor:
+    """A fresh predictor shaped like one target layer, on the target's device, in fp32.
+
+    EAGLE-1/2: fc starts as the identity on the feature half (h_t starts near f_t, a fair first guess of f_{t+1})
+    with a small random embedding half. EAGLE-3: the norms start at one, the reduced head as the target's head
+    rows of the draft vocabulary (normed input, as the target's own head reads it)."""
+    torch.manual_seed(seed)
+    layer = replace(target.config, num_layers=1, tie_embeddings=False)
+    h = layer.hidden_size
+    config = EagleConfig(layer=layer, version=version, fc_bias=version == 1,
+                         draft_vocab=len(draft_ids) if draft_ids is not None else 0,
+                         num_features=3 if version == 3 else 1)
+    model = EaglePredictor(config, target.device).to(target.device, torch.float32)
+    with torch.no_grad():
+        if version == 1:
+            model.fc.weight[:, h:].copy_(torch.eye(h))
+            model.fc.weight[:, :h].mul_(0.1)
+            model.fc.bias.zero_()
+        else:
+            model.lm_head.weight.copy_(target.lm_head.weight[draft_ids.to(target.device)].float())
+            model.norm.weight.copy_(target.norm.weight.float())
+            model.draft_to_target = draft_ids.to(target.device)
+    return model
+
+
+def trainable(model: EaglePredictor) -> dict[str, torch.nn.Parameter]:
+    return dict(model.named_parameters())
+
+
+class DenseAttention:
+    """Attention for teacher-forced training over a padded batch `[B, T]`, step after unrolled step.
+
+    Step 0 is causal over its own keys. Step j (training-time test) attends to step-0 keys at positions <= t-j
+    and to step i's key at position t-j+i for i = 1..j: exactly what the query sees at draft depth j+1."""
+
+    def __init__(self, batch: int, length: int, config) -> None:
+        self.batch, self.length, self.c = batch, length, config
+        self.keys: list[Tensor] = []
+        self.values: list[Tensor] = []
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        b, t, c = self.batch, self.length, self.c
+        q = q.view(b, t, c.num_heads, c.head_dim).transpose(1, 2)
+        self.keys.append(k.view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2))
+        self.values.append(v.view(b, t, c.num_kv_heads, c.head_dim).transpose(1, 2))
+        gqa = c.num_heads != c.num_kv_heads
+        j = len(self.keys) - 1
+        if j == 0:
+            out = F.scaled_dot_product_attention(q, self.keys[0], self.values[0], is_causal=True, enable_gqa=gqa)
+        else:
+            mask = ttt_mask(t, j, q.device)
+            out = F.scaled_dot_product_attention(q, torch.cat(self.keys, 2), torch.cat(self.values, 2),
+                                                 attn_mask=mask, enable_gqa=gqa)
+        return out.transpose(1, 2).reshape(b * t, -1)
+
+
+def ttt_mask(length: int, step: int, device: torch.device | str = "cpu") -> Tensor:
+    """`[T, (step + 1) T]` bool: query t of unrolled step `step` sees step-0 keys <= t-step, and key t-step+i
+    of step i (1 <= i <= step)."""
+    ones = torch.ones(length, length, dtype=torch.bool, device=device)
+    blocks = [ones.tril(-step)]
+    for i in range(1, step + 1):
+        blocks.append(ones.tril(i - step).triu(i - step))  # key == t - (step - i)
+    return torch.cat(blocks, dim=1)
+
+
+# ------------------------------------------------------------------------------------------------ data
+@dataclass
+class EagleData:
+    """Per sequence: token ids, features `[T, F]` (bf16), final hidden `[T, H]` (EAGLE-1/2) and labels."""
+
+    ids: list[Tensor]
+    features: list[Tensor]
+    hidden: list[Tensor]
+    labels: list[Tensor]  # [T] int64 target argmax after each position (EAGLE-3), else empty
+
+
+def record(target: LlamaModel, corpus: Corpus, version: int, bf16: bool = False,
+           progress: Progress = _no_progress) -> dict[str, Any]:
+    """Target features (and EAGLE-3 labels) for every corpus sequence; a dict that `torch.save` stores."""
+    from specdec.training.features import record_features
+
+    layers = default_feature_layers(target.config.num_layers) if version == 3 else ()
+    start = time.perf_counter()
+    with torch.autocast(target.device.type, dtype=torch.bfloat16, enabled=bf16):
+        feats = record_features(target, corpus, capture_layers=layers, progress=progress)
+    out: dict[str, Any] = {"hidden": feats.hidden, "layers": list(layers), "labels": []}
+    if version == 3:
+        out["features"] = [torch.cat([feats.layers[i][n] for i in layers], dim=-1) for n in range(len(feats.hidden))]
+        with torch.inference_mode():
+            for n, hidden in enumerate(feats.hidden):
+                out["labels"].append(target.lm_head(hidden.to(target.device, target.dtype)).argmax(-1).cpu())
+                progress("labels", n + 1, len(feats.hidden), {})
+        out["hidden"] = []  # EAGLE-3 trains on labels; the final hidden states are not needed
+    out["seconds"] = time.perf_counter() - start
+    return out
+
+
+def choose_draft_vocab(labels: list[Tensor], size: int, vocab: int) -> Tensor:
+    """The `size` most frequent target argmax tokens, ascending (so d2t offsets are non-negative)."""
+    counts = torch.bincount(torch.cat(labels).long(), minlength=vocab)
+    size = min(size, vocab)
+    return counts.topk(size).indices.sort().values
+
+
+def _padded(seqs: list[Tensor], device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
+    length = max(s.shape[0] for s in seqs)
+    out = torch.zeros((len(seqs), length) + tuple(seqs[0].shape[1:]), dtype=dtype or seqs[0].dtype, device=device)
+    for b, s in enumerate(seqs):
+        out[b, : s.shape[0]] = s.to(device, out.dtype)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ losses
+def eagle_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indices: list[int],
+               ttt_steps: int = 3, bf16: bool = False, ce_fraction: float = 1.0,
+               ce_weight: float = 0.1) -> tuple[Tensor, dict[str, float]]:
+    """The training loss of one batch of sequences, and its top-1 agreement (per unrolled step for EAGLE-3)."""
+    device = model.device
+    ids = _padded([data.ids[i] for i in indices], device)  # [B, T]
+    lengths = torch.tensor([data.ids[i].shape[0] for i in indices], device=device)
+    b, t = ids.shape[0], ids.shape[1] - 1  # pairs t = 0 .. T-2
+    valid = torch.arange(t, device=device)[None] < (lengths[:, None] - 1)  # [B, T-1]: pair t has x_{t+1}
+    feats = _padded([data.features[i] for i in indices], device, torch.float32)[:, :-1]
+    embeds = target.embed_tokens(ids[:, 1:]).float().reshape(b * t, -1)
+    positions = torch.arange(t, device=device).repeat(b)
+    attend = DenseAttention(b, t, model.config.layer)
+    h = model.config.hidden_size
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        out = model(embeds, feats.reshape(b * t, -1), positions, attend)
+        if model.config.version == 1:
+            return _eagle1_loss(model, target, data, indices, out.float(), valid, ce_fraction, ce_weight)
+        losses, metrics = [], {}
+        labels = _padded([data.labels[i] for i in indices], device)[:, 1:]  # target argmax after x_{t+1}
+        to_draft = torch.full((model.config.layer.vocab_size,), -1, dtype=torch.int64, device=device)
+        to_draft[model.draft_to_target] = torch.arange(model.config.draft_vocab, device=device)
+        draft_labels = to_draft[labels.long()]
+        for j in range(ttt_steps):
+            if j:
+                prev = out.float().view(b, t, h)
+                shifted = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
+                out = model(embeds, shifted.reshape(b * t, h), positions, attend)
+            mask = (valid & (draft_labels >= 0) & (torch.arange(t, device=device)[None] >= j)).reshape(-1)
+            logits = model.logits(out[mask], target.lm_head)
+            target_ids = draft_labels.reshape(-1)[mask]
+            losses.append(F.cross_entropy(logits, target_ids) * STEP_WEIGHT**j)
+            metrics[f"top1_{j}"] = float((logits.argmax(-1) == target_ids).float().mean())
+    return sum(losses), metrics
+
+
+def _eagle1_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indices: list[int], out: Tensor,
+                 valid: Tensor, ce_fraction: float = 1.0, ce_weight: float = 0.1) -> tuple[Tensor, dict[str, float]]:
+    device = out.device
+    nxt = _padded([data.hidden[i] for i in indices], device, torch.float32)[:, 1:]  # f_{t+1}
+    mask = valid.reshape(-1)
+    pred, goal = out[mask], nxt.reshape(-1, nxt.shape[-1])[mask]
+    regression = F.smooth_l1_loss(pred, goal, reduction="none").mean(-1).mean()
+    if ce_fraction < 1.0:  # a fixed stride through the batch's positions (deterministic, resume-safe)
+        stride = max(1, round(1 / ce_fraction))
+        pred, goal = pred[indices[0] % stride:: stride], goal[indices[0] % stride:: stride]
+    with torch.no_grad():
+        target_logits = target.lm_head(goal).float()
+        p = torch.softmax(target_logits, dim=-1)
+    logq = torch.log_softmax(target.lm_head(pred).float(), dim=-1)
+    ce = -(p * logq).sum(-1).mean()
+    agree = float((logq.argmax(-1) == target_logits.argmax(-1)).float().mean())
+    return regression + ce_weight * ce, {"regression": float(regression.detach()), "ce": float(ce.detach()),
+                                   "top1_0": agree}
+
+
+# ------------------------------------------------------------------------------------------------ training
+def train_predictor(model: EaglePredictor, target: LlamaModel, data: EagleData, train: list[int], val: list[int],
+                    settings: TrainSettings, ttt_steps: int, path: Path, state: TrainState | None = None,
+                    progress: Progress = _no_progress, ce_fraction: float = 1.0, ce_weight: float = 0.1) -> TrainState:
+    """AdamW on `eagle_loss`; checkpoints (weights, optimizer, step, history) every `checkpoint_every` steps."""
+    params = trainable(model)
+    model.train().requires_grad_(True)
+    optimizer = torch.optim.AdamW(params.values(), lr=settings.lr, betas=(0.9, 0.95))
+    state = state or TrainState()
+    if state.step:
+        saved = torch.load(path, weights_only=True)
+        model.load_state_dict(saved["params"], strict=False)
+        optimizer.load_state_dict(saved["optimizer"])
+    recent: list[float] = []
+    progress("train", state.step, settings.steps, {})
+    while state.step < settings.steps:
+        start = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(state.step, settings)
+        loss, _ = eagle_loss(model, target, data, batch_indices(state.step, train, settings), ttt_steps,
+                             settings.bf16, ce_fraction, ce_weight)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
+        optimizer.step()
+        state.step += 1
+        recent = (recent + [loss.item()])[-settings.checkpoint_every:]
+        state.seconds += time.perf_counter() - start
+        fields: dict[str, float] = {"loss": sum(recent) / len(recent)}
+        if state.step % settings.checkpoint_every == 0 or state.step == settings.steps:
+            start = time.perf_counter()
+            fields.update(evaluate(model, target, data, val, ttt_steps))
+            state.history.append({"step": state.step, **fields})
+            state.seconds += time.perf_counter() - start
+            save_atomic({"state": asdict(state), "params": model.state_dict(),
+                         "optimizer": optimizer.state_dict()}, path)
+        progress("train", state.step, settings.steps, fields)
+    model.eval().requires_grad_(False)
+    return state
+
+
+@torch.no_grad()
+def evaluate(model: EaglePredictor, target: LlamaModel, data: EagleData, val: list[int], ttt_steps: int = 3,
+             batch_size: int = 8) -> dict[str, float]:
+    """Held-out loss and top-1 agreement with the target (step 0 = depth 1), averaged over batches."""
+    was_training = model.training
+    model.eval()
+    sums: dict[str, float] = {}
+    batches = [val[i: i + batch_size] for i in range(0, len(val), batch_size)]
+    for indices in batches:
+        loss, metrics = eagle_loss(model, target, data, indices, ttt_steps)
+        for key, value in {"loss": float(loss.detach()), **metrics}.items():
+            sums[f"val_{key}"] = sums.get(f"val_{key}", 0.0) + value / len(batches)
+    model.train(was_training)
+    return sums
+
+
+# ------------------------------------------------------------------------------------------------ a whole run
+def run_eagle_training(cfg: EagleTrainConfig, out: Path, resume: bool = False, loaded: Any = None,
+                       published: bool = False, progress: Progress = _no_progress,
+                       log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Corpus -> features -> training -> the checkpoint folder `out/<kind>`; returns its metadata."""
+    from specdec.config import EngineConfig
+    from specdec.models.loader import load_model
+
+    if cfg.kind not in ("eagle", "eagle3"):
+        raise ConfigError(f"unknown EAGLE kind '{cfg.kind}'; use eagle or eagle3")
+    torch.manual_seed(cfg.seed)
+    check_run_folder(out, cfg, resume)
+    if loaded is None:
+        loaded = load_model(cfg.target, "cpu", "float32", show_progress=True)
+    target = loaded.model
+
+    corpus_path = out / CORPUS_FILE
+    if cfg.corpus:
+        source = Path(cfg.corpus).expanduser()
+        if not source.is_file():
+            raise ConfigError(f"--corpus {source} does not exist")
+        corpus = load_corpus(source)
+        corpus = Corpus(corpus.prompt_ids[: cfg.max_prompts], corpus.response_ids[: cfg.max_prompts], corpus.seconds)
+    else:
+        from specdec.api import LLM
+        from specdec.training.draft_distill import generate_corpus, prompt_texts
+
+        texts = prompt_texts(cfg)
+        corpus = load_corpus(corpus_path) if resume and corpus_path.is_file() else None
+        if corpus is None or len(corpus.response_ids) < len(texts):
+            llm = LLM.from_loaded(loaded, engine_config=EngineConfig(max_num_seqs=64))
+            corpus = generate_corpus(llm, texts, cfg.new_tokens, corpus_path, corpus, progress=progress)
+    n = len(corpus.response_ids)
+    if n < cfg.val_prompts + cfg.batch_size:
+        raise ConfigError(f"{n} sequences are too few: training needs at least --val-prompts ({cfg.val_prompts}) "
+                          f"+ --batch-size ({cfg.batch_size})")
+    log(f"corpus: {n} sequences, {corpus.num_tokens} tokens ({sum(map(len, corpus.response_ids))} generated)"
+        + (f", reused from {cfg.corpus}" if cfg.corpus else f" in {corpus.seconds:.0f} s"))
+
+    features_path = out / FEATURES_FILE
+    recorded = torch.load(features_path, weights_only=True) if resume and features_path.is_file() else None
+    if recorded is None:
+        recorded = record(target, corpus, cfg.version, cfg.teacher_bf16, progress)
+        save_atomic(recorded, features_path)
+    log(f"features: {corpus.num_tokens} positions in {recorded['seconds']:.0f} s")
+    data = EagleData(ids=[torch.tensor(p + r) for p, r in zip(corpus.prompt_ids, corpus.response_ids)],
+                     features=recorded.get("features") or recorded["hidden"], hidden=recorded["hidden"],
+                     labels=recorded["labels"])
+
+    train, val = list(range(n - cfg.val_prompts)), list(range(n - cfg.val_prompts, n))
+    draft_ids = None
+    if cfg.version == 3:
+        draft_ids = choose_draft_vocab([data.labels[i] for i in train], cfg.draft_vocab, target.config.vocab_size)
+    model = init_predictor(target, cfg.version, draft_ids, cfg.seed)
+    settings = TrainSettings(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
+                             bf16=cfg.train_bf16)
+    ckpt = out / CHECKPOINT_FILE
+    state = TrainState(**torch.load(ckpt, weights_only=True)["state"]) if resume and ckpt.is_file() else None
+    if state is None:
+        start = time.perf_counter()
+        state = TrainState(history=[{"step": 0, **evaluate(model, target, data, val, cfg.ttt_steps)}])
+        state.seconds = time.perf_counter() - start
+    state = train_predictor(model, target, data, train, val, settings, cfg.ttt_steps, ckpt, state, progress,
+                            cfg.ce_fraction, cfg.ce_weight)
+    final = state.history[-1]
+    log(f"train: {state.step} steps in {state.seconds:.0f} s; held-out top-1 {final.get('val_top1_0', 0):.3f}")
+    meta = {
+        "target": cfg.target, "kind": cfg.kind, "version": cfg.version,
+        "feature_layers": list(recorded["layers"]),
+        "command": cfg.command(out, published),
+        "settings": asdict(cfg),
+        "corpus": {"sequences": n, "train": len(train), "held_out": len(val), "tokens": corpus.num_tokens,
+                   "generated_tokens": sum(map(len, corpus.response_ids)),
+                   "source": cfg.corpus or cfg.prompts or "specdec/data/train_prompts.jsonl"},
+        "seconds": {"generate": round(corpus.seconds, 1), "features": round(recorded["seconds"], 1),
+                    "train": round(state.seconds, 1)},
+        "threads": torch.get_num_threads(),
+        "history": state.history,
+        "final": final,
+    }
+    folder = out / cfg.kind
+    write_eagle(model, folder, meta)
+    if published:
+        write_eagle(model, out / f"{cfg.kind}-published", meta, published=True)
+    return meta

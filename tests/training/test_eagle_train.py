@@ -1,0 +1,94 @@
+"""EAGLE training: the losses fall on a tiny model, the unrolled attention masks are the draft-time ones, and
+what the trainer writes (ours and the published layout) loads back as the same predictor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specdec.drafters.eagle_checkpoint import load_eagle
+from specdec.training.draft_distill import Corpus, TrainSettings
+from specdec.training.eagle import (EagleData, choose_draft_vocab, eagle_loss, evaluate, init_predictor, record,
+                                    train_predictor, ttt_mask)
+from tests.helpers import tiny_model
+
+VOCAB = 32
+
+
+def tiny_data(version: int) -> tuple[torch.nn.Module, EagleData]:
+    """A tiny target and its features over 24 short sequences that follow simple, learnable patterns."""
+    target = tiny_model(seed=7, vocab=VOCAB, sharpness=3.0)
+    gen = torch.Generator().manual_seed(0)
+    prompts, answers = [], []
+    for _ in range(24):
+        start, step = torch.randint(0, VOCAB, (2,), generator=gen).tolist()
+        seq = [(start + i * (step % 5 + 1)) % VOCAB for i in range(18)]
+        prompts.append(seq[:6])
+        answers.append(seq[6:])
+    recorded = record(target, Corpus(prompts, answers), version)
+    ids = [torch.tensor(p + a) for p, a in zip(prompts, answers)]
+    return target, EagleData(ids, recorded.get("features") or recorded["hidden"], recorded["hidden"],
+                             recorded["labels"])
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_training_loss_falls_on_a_tiny_model(tmp_path: Path, version: int):
+    torch.manual_seed(0)
+    target, data = tiny_data(version)
+    draft_ids = choose_draft_vocab(data.labels, 24, VOCAB) if version == 3 else None
+    model = init_predictor(target, version, draft_ids, seed=0)
+    train, val = list(range(20)), list(range(20, 24))
+    before = evaluate(model, target, data, train, ttt_steps=2)["val_loss"]
+    settings = TrainSettings(steps=40, batch_size=4, lr=3e-3, warmup=5, checkpoint_every=20)
+    state = train_predictor(model, target, data, train, val, settings, 2, tmp_path / "ckpt.pt")
+    after = evaluate(model, target, data, train, ttt_steps=2)["val_loss"]
+    assert state.step == 40 and [h["step"] for h in state.history] == [20, 40]
+    assert after < 0.7 * before, f"loss {before:.3f} -> {after:.3f}"
+
+
+def test_resume_continues_the_same_run(tmp_path: Path):
+    target, data = tiny_data(1)
+    train, val = list(range(20)), list(range(20, 24))
+    settings = TrainSettings(steps=6, batch_size=4, lr=3e-3, warmup=2, checkpoint_every=3)
+    whole = init_predictor(target, 1, seed=0)
+    train_predictor(whole, target, data, train, val, settings, 1, tmp_path / "a.pt")
+    half = init_predictor(target, 1, seed=0)
+    state = train_predictor(half, target, data, train, val, TrainSettings(**{**settings.__dict__, "steps": 3}), 1,
+                            tmp_path / "b.pt")
+    resumed = init_predictor(target, 1, seed=0)
+    train_predictor(resumed, target, data, train, val, settings, 1, tmp_path / "b.pt", state)
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_ttt_mask_sees_the_committed_prefix_and_its_own_chain():
+    mask = ttt_mask(6, 2)  # query t at unrolled step 2 (draft depth 3)
+    assert mask.shape == (6, 18)
+    t = 4
+    assert mask[t, :6].nonzero().flatten().tolist() == [0, 1, 2]  # step-0 (target-feature) keys <= t-2
+    assert mask[t, 6:12].nonzero().flatten().tolist() == [3]  # step 1 of its chain, at t-1
+    assert mask[t, 12:].nonzero().flatten().tolist() == [4]  # itself
+    assert bool(mask.any(-1).all())  # every query sees at least itself: no empty softmax
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_written_checkpoints_load_back(tmp_path: Path, version: int):
+    from specdec.drafters.eagle_checkpoint import write_eagle
+
+    target, data = tiny_data(version)
+    draft_ids = choose_draft_vocab(data.labels, 24, VOCAB) if version == 3 else None
+    model = init_predictor(target, version, draft_ids, seed=1)
+    write_eagle(model, tmp_path / "ours", {"version": version}, dtype=torch.float32)
+    write_eagle(model, tmp_path / "published", {}, published=True)
+    assert (tmp_path / "published" / "pytorch_model.bin").is_file()
+    for folder, tol in (("ours", 0.0), ("published", 2e-3)):
+        loaded, meta = load_eagle(tmp_path / folder, target.config, torch.device("cpu"), torch.float32)
+        batch = [0, 1]
+        a = eagle_loss(model, target, data, batch, 2)[0]
+        b = eagle_loss(loaded, target, data, batch, 2)[0]
+        torch.testing.assert_close(a, b, atol=tol + 1e-5, rtol=tol + 1e-5)
+        if version == 3:
+            assert torch.equal(loaded.draft_to_target, model.draft_to_target)
+    assert meta == {}
