@@ -88,14 +88,15 @@ class StepCost:
 
 class SpeculationPlanner:
     def __init__(self) -> None:
-        self.cost = StepCost()
+        self.cost = StepCost()  # decode-only steps: what a decision changes
+        self.mixed_cost = StepCost()  # steps that also prefill: a fallback until a decode-only step is seen
         self.draft_seconds_per_depth: float | None = None
         self._accepted: list[float] = []  # drafter-wide: steps that accepted >= d+1 drafted tokens
         self._proposed: list[float] = []  # drafter-wide: steps whose tree reached depth d+1
 
     # ----------------------------------------------------------------------------------------- observations
-    def observe_forward(self, tokens: int, seconds: float) -> None:
-        self.cost.observe(tokens, seconds)
+    def observe_forward(self, tokens: int, seconds: float, prefill_tokens: int = 0) -> None:
+        (self.mixed_cost if prefill_tokens else self.cost).observe(tokens, seconds)
 
     def observe_draft(self, depth: int, seconds: float) -> None:
         if depth <= 0:
@@ -145,7 +146,14 @@ class SpeculationPlanner:
         """Tree depth per sequence (0 = no speculation) for the best expected goodput this step."""
         if not seqs or spec.depth == 0:
             return [0] * len(seqs)
-        if not self.cost.known:
+        # Prefill work is the same whatever is decided, so the decision is judged on decode steps alone: more
+        # tokens per second of decode work. Until a decode-only step has been timed, mixed steps stand in.
+        cost = self.cost
+        if cost.known:
+            prefill_tokens = 0
+        elif self.mixed_cost.known:
+            cost = self.mixed_cost
+        else:
             return [spec.depth] * len(seqs)  # nothing measured yet: speculate fully once and learn
         prior = self._prior(spec.depth)
         betas = [self._blend(seq, prior) for seq in seqs]
@@ -160,7 +168,7 @@ class SpeculationPlanner:
         deepest = spec.depth if any(pinned) else 0
         heap = [(-betas[i][0] / max(nodes[1], 1), i) for i in range(len(seqs)) if nodes[1] > 0 and not pinned[i]]
         heapq.heapify(heap)
-        seconds = self.cost.predict(base_tokens + extra_nodes) + draft_per_depth * deepest
+        seconds = cost.predict(base_tokens + extra_nodes) + draft_per_depth * deepest
         best_rate = (len(seqs) + gained) / max(seconds, 1e-9)
         best_moves: list[int] = []
         moves: list[int] = []
@@ -172,7 +180,7 @@ class SpeculationPlanner:
             gained += betas[i][d - 1]
             extra_nodes += nodes[d] - nodes[d - 1]
             deepest = max(deepest, d)
-            seconds = self.cost.predict(base_tokens + extra_nodes) + draft_per_depth * deepest
+            seconds = cost.predict(base_tokens + extra_nodes) + draft_per_depth * deepest
             rate = (len(seqs) + gained) / max(seconds, 1e-9)
             if rate > best_rate:
                 best_rate, best_moves = rate, list(moves)

@@ -103,8 +103,6 @@ class Engine:
         features = self.drafter.needs_hidden_states
         outs = self.runner.run(chunks, return_hidden=features,
                                capture_layers=tuple(getattr(self.drafter, "feature_layers", ()) or ()))
-        if self.planner is not None:
-            self.planner.observe_forward(sum(len(c.tokens) for c in chunks), time.perf_counter() - t1)
         touched: list[Sequence] = []
         for (seq, n), out in zip(batch.prefills, outs):
             if features:  # a feature drafter builds its own state from the target's features over the prompt
@@ -126,6 +124,9 @@ class Engine:
         if batch.decodes:
             self.drafter.commit(batch.decodes, results)
         t2 = time.perf_counter()
+        if self.planner is not None:  # the whole verify side: forward, verification, KV commit, drafter commit
+            self.planner.observe_forward(sum(len(c.tokens) for c in chunks), t2 - t1,
+                                         prefill_tokens=sum(n for _, n in batch.prefills))
         for seq, tree, result in zip(batch.decodes, trees, results):
             self._record(seq, tree, result, t1 - t0, t2 - t1)
             if self.planner is not None:

@@ -108,23 +108,31 @@ def paged_attention(
     return out
 
 
-DECODE_LIKE = 16  # sequences with at most this many new tokens (decodes, trees) share one padded call
+DECODE_LIKE = 16  # sequences with at most this many new tokens (decodes, trees) are batched by size class
+
+
+def _size_class(n: int) -> int:
+    """1, 2-4, 5-8, 9-16 new tokens: a one-token decode is never padded to a tree's width."""
+    return 0 if n == 1 else (n - 1).bit_length()
 
 
 def _group_plans(block_tables: Tensor, prefix_lens: Tensor, query_start_loc: Tensor, tree_mask: Tensor | None,
                  block_size: int) -> list[tuple[Tensor | None, tuple]]:
-    """Split a mixed batch so padding stays cheap: decodes and trees together, each long prefill chunk alone.
+    """Split a mixed batch so padding stays cheap: decodes and small trees in a few size classes, each long
+    prefill chunk alone.
 
     Padding every sequence to the longest one's new tokens would make 63 one-token decodes cost as much as 63
-    copies of a 512-token prefill chunk. Returns (query rows or None for all rows, plan) per group.
+    copies of a 512-token prefill chunk, or 6 copies of themselves beside one 6-node tree. Returns (query rows
+    or None for all rows, plan) per group.
     """
     counts = (query_start_loc[1:] - query_start_loc[:-1]).tolist()
-    if len(counts) == 1 or max(counts) <= DECODE_LIKE:
+    classes: dict[int, list[int]] = {}
+    for b, n in enumerate(counts):
+        classes.setdefault(_size_class(n) if n <= DECODE_LIKE else -1 - b, []).append(b)
+    if len(classes) == 1:
         return [(None, _plan(block_tables, prefix_lens, query_start_loc, tree_mask, block_size))]
     starts = query_start_loc.tolist()
-    small = [b for b, n in enumerate(counts) if n <= DECODE_LIKE]
-    groups = [small] if small else []
-    groups += [[b] for b, n in enumerate(counts) if n > DECODE_LIKE]
+    groups = list(classes.values())
     plans = []
     for members in groups:
         rows = torch.cat([torch.arange(starts[b], starts[b + 1]) for b in members]).to(query_start_loc.device)
