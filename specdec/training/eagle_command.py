@@ -74,25 +74,13 @@ def _options(kind: str):
 
 
 def _run(cfg, out: Path, resume: bool, published: bool, device: str) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from specdec.models.loader import load_model, parse_device
+    from specdec.models.loader import parse_device
     from specdec.training.eagle import run_eagle_training
+    from specdec.training.progress import load_target, stage_bars
 
     started = time.perf_counter()
-    with err_console.status(f"loading {cfg.target}..."):
-        loaded = load_model(cfg.target, parse_device(device), "float32", show_progress=True)
-    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.fields[info]}")]
-    with Progress(*columns, console=err_console) as bars:
-        tasks: dict[str, int] = {}
-
-        def progress(stage: str, done: int, total: int, fields: dict) -> None:
-            if stage not in tasks:
-                tasks[stage] = bars.add_task(_LABELS.get(stage, stage), total=total, info="")
-            info = "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in fields.items())
-            bars.update(tasks[stage], completed=done, total=total, **({"info": info} if info else {}))
-
+    loaded = load_target(cfg.target, parse_device(device), err_console)
+    with stage_bars(err_console, _LABELS) as (bars, progress):
         meta = run_eagle_training(cfg, out, resume=resume, loaded=loaded, published=published, progress=progress,
                                   log=bars.console.print)
     console.print(f"{cfg.kind} predictor written to {out / cfg.kind} in {time.perf_counter() - started:.0f} s "

@@ -15,7 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 ProgressFn = Callable[[str, int, int, dict], None]
 
 
-def load_target(target: str, device: str, console: Console) -> Any:
+def load_target(target: str, device: Any, console: Console) -> Any:
     from specdec.models.loader import load_model
 
     with console.status(f"loading {target}..."):
