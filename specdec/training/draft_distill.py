@@ -139,6 +139,39 @@ def generate_corpus(llm: Any, prompts: list[str], new_tokens: int, path: Path, r
     return corpus
 
 
+def obtain_corpus(cfg: Any, loaded: Any, out: Path, resume: bool, progress: Progress, min_size: int) -> Corpus:
+    """The corpus a feature-drafter trainer learns from: `cfg.corpus` reused (e.g. `specdec train draft`'s, so
+    the target answers each prompt once for every trainer), else generated into OUT (and resumed from there).
+
+    `cfg` needs `corpus`, `max_prompts`, `new_tokens` and what `prompt_texts` reads.
+    """
+    from specdec.api import LLM
+    from specdec.config import EngineConfig
+
+    if cfg.corpus:
+        source = Path(cfg.corpus).expanduser()
+        if not source.is_file():
+            raise ConfigError(f"--corpus {source} does not exist")
+        corpus = load_corpus(source)
+        corpus = Corpus(corpus.prompt_ids[: cfg.max_prompts], corpus.response_ids[: cfg.max_prompts], corpus.seconds)
+        vocab = loaded.model.config.vocab_size
+        top = max((max(p + r) for p, r in zip(corpus.prompt_ids, corpus.response_ids) if p + r), default=0)
+        if top >= vocab:
+            raise ConfigError(f"corpus {source} holds token id {top}, beyond the target's vocabulary of {vocab}: "
+                              "it was made for another target")
+    else:
+        path = out / CORPUS_FILE
+        texts = prompt_texts(cfg)
+        corpus = load_corpus(path) if resume and path.is_file() else None
+        if corpus is None or len(corpus.response_ids) < len(texts):
+            llm = LLM.from_loaded(loaded, engine_config=EngineConfig(max_num_seqs=64))
+            corpus = generate_corpus(llm, texts, cfg.new_tokens, path, corpus, progress=progress)
+    if len(corpus.response_ids) < min_size:
+        raise ConfigError(f"{len(corpus.response_ids)} answers are too few: training needs at least --val-prompts "
+                          f"+ --batch-size ({min_size})")
+    return corpus
+
+
 # --------------------------------------------------------------------------------------------- stage 2
 @torch.inference_mode()
 def teacher_topk(target: LlamaModel, corpus: Corpus, topk: int, path: Path, resume: Teacher | None = None,

@@ -35,8 +35,8 @@ from specdec.drafters.eagle_checkpoint import default_feature_layers, write_eagl
 from specdec.drafters.eagle_model import EagleConfig, EaglePredictor
 from specdec.errors import ConfigError
 from specdec.models.llama import LlamaModel
-from specdec.training.draft_distill import (CORPUS_FILE, Corpus, Progress, TrainSettings, _no_progress,
-                                            batch_indices, check_run_folder, load_corpus, lr_at, save_atomic)
+from specdec.training.draft_distill import (Corpus, Progress, TrainSettings, _no_progress, batch_indices,
+                                            check_run_folder, lr_at, save_atomic)
 
 FEATURES_FILE = "features.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -329,7 +329,6 @@ def run_eagle_training(cfg: EagleTrainConfig, out: Path, resume: bool = False, l
                        published: bool = False, progress: Progress = _no_progress,
                        log: Callable[[str], None] = print) -> dict[str, Any]:
     """Corpus -> features -> training -> the checkpoint folder `out/<kind>`; returns its metadata."""
-    from specdec.config import EngineConfig
     from specdec.models.loader import load_model
 
     if cfg.kind not in ("eagle", "eagle3"):
@@ -340,26 +339,10 @@ def run_eagle_training(cfg: EagleTrainConfig, out: Path, resume: bool = False, l
         loaded = load_model(cfg.target, "cpu", "float32", show_progress=True)
     target = loaded.model
 
-    corpus_path = out / CORPUS_FILE
-    if cfg.corpus:
-        source = Path(cfg.corpus).expanduser()
-        if not source.is_file():
-            raise ConfigError(f"--corpus {source} does not exist")
-        corpus = load_corpus(source)
-        corpus = Corpus(corpus.prompt_ids[: cfg.max_prompts], corpus.response_ids[: cfg.max_prompts], corpus.seconds)
-    else:
-        from specdec.api import LLM
-        from specdec.training.draft_distill import generate_corpus, prompt_texts
+    from specdec.training.draft_distill import obtain_corpus
 
-        texts = prompt_texts(cfg)
-        corpus = load_corpus(corpus_path) if resume and corpus_path.is_file() else None
-        if corpus is None or len(corpus.response_ids) < len(texts):
-            llm = LLM.from_loaded(loaded, engine_config=EngineConfig(max_num_seqs=64))
-            corpus = generate_corpus(llm, texts, cfg.new_tokens, corpus_path, corpus, progress=progress)
+    corpus = obtain_corpus(cfg, loaded, out, resume, progress, cfg.val_prompts + cfg.batch_size)
     n = len(corpus.response_ids)
-    if n < cfg.val_prompts + cfg.batch_size:
-        raise ConfigError(f"{n} sequences are too few: training needs at least --val-prompts ({cfg.val_prompts}) "
-                          f"+ --batch-size ({cfg.batch_size})")
     log(f"corpus: {n} sequences, {corpus.num_tokens} tokens ({sum(map(len, corpus.response_ids))} generated)"
         + (f", reused from {cfg.corpus}" if cfg.corpus else f" in {corpus.seconds:.0f} s"))
 

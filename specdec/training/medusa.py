@@ -18,7 +18,6 @@ maximise the expected accepted length for a node budget (Medusa's own recipe for
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,8 +30,7 @@ from torch import Tensor
 from specdec.drafters.medusa_heads import MedusaHeads
 from specdec.errors import ConfigError
 from specdec.training.draft_distill import (
-    CORPUS_FILE, Corpus, Progress, TrainSettings, _no_progress, batch_indices, check_run_folder, load_corpus,
-    lr_at, prompt_texts, save_atomic,
+    CORPUS_FILE, Corpus, Progress, TrainSettings, _no_progress, batch_indices, check_run_folder, lr_at, save_atomic,
 )
 
 FEATURES_FILE = "features.pt"
@@ -229,10 +227,8 @@ def optimal_tree(acc: list[list[float]], nodes: int) -> tuple[list[tuple[int, ..
 def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any = None,
                progress: Progress = _no_progress, log: Callable[[str], None] = print) -> tuple[MedusaHeads, dict]:
     """Corpus -> features -> training; returns the trained heads and the numbers for their README."""
-    from specdec.api import LLM
-    from specdec.config import EngineConfig
     from specdec.models.loader import load_model
-    from specdec.training.draft_distill import generate_corpus
+    from specdec.training.draft_distill import obtain_corpus
 
     if min(cfg.heads, cfg.layers, cfg.steps, cfg.batch_size, cfg.max_prompts, cfg.new_tokens, cfg.val_prompts) < 1:
         raise ConfigError("--heads, --layers, --steps, --batch-size, --max-prompts, --new-tokens and "
@@ -244,23 +240,9 @@ def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any =
     if loaded is None:
         loaded = load_model(cfg.target, cfg.device, "float32", show_progress=True)
     target = loaded.model
-    corpus_path = Path(cfg.corpus).expanduser() if cfg.corpus else out / CORPUS_FILE
-    if cfg.corpus:
-        if not corpus_path.is_file():
-            raise ConfigError(f"--corpus {corpus_path} does not exist")
-        corpus = load_corpus(corpus_path)
-        corpus = Corpus(corpus.prompt_ids[: cfg.max_prompts], corpus.response_ids[: cfg.max_prompts], corpus.seconds)
-        _check_vocab(corpus, target.config.vocab_size, corpus_path)
-    else:
-        texts = prompt_texts(cfg)
-        corpus = load_corpus(corpus_path) if resume and corpus_path.is_file() else None
-        if corpus is None or len(corpus.response_ids) < len(texts):
-            llm = LLM.from_loaded(loaded, engine_config=EngineConfig(max_num_seqs=64))
-            corpus = generate_corpus(llm, texts, cfg.new_tokens, corpus_path, corpus, progress=progress)
+    corpus = obtain_corpus(cfg, loaded, out, resume, progress, cfg.val_prompts + cfg.batch_size)
     n = len(corpus.response_ids)
-    if n < cfg.val_prompts + cfg.batch_size:
-        raise ConfigError(f"{n} answers are too few: training needs at least --val-prompts ({cfg.val_prompts}) "
-                          f"+ --batch-size ({cfg.batch_size})")
+    corpus_path = Path(cfg.corpus).expanduser() if cfg.corpus else out / CORPUS_FILE
     log(f"corpus: {n} answers, {corpus.num_tokens} tokens ({sum(map(len, corpus.response_ids))} generated)"
         + (f", reused from {corpus_path}" if cfg.corpus else f" in {corpus.seconds:.0f} s"))
 
@@ -302,13 +284,6 @@ def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any =
                   for k, v in trees.items()},
     }
     return heads, meta
-
-
-def _check_vocab(corpus: Corpus, vocab: int, path: Path) -> None:
-    top = max((max(r) for r in corpus.response_ids if r), default=0)
-    if top >= vocab:
-        raise ConfigError(f"corpus {path} holds token id {top}, beyond the target's vocabulary of {vocab}: "
-                          "it was made with another target")
 
 
 def measure_tau(loaded: Any, drafter: str, tree: str | None, prompts: list[str], new_tokens: int,
