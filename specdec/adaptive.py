@@ -15,7 +15,8 @@ over the per-sequence depths k_i, from three things it measures as the engine ru
   standard error: an optimistic estimate, so that a drafter unlucky in its first steps is tried again until
   the evidence is firm, instead of being switched off for good by a bad start;
 * `T(n)`: seconds of one target forward over n batched tokens (`StepCost`, piecewise linear in n);
-* the drafter's seconds per drafted depth.
+* the drafter's seconds per drafted depth, as a function of how many sequences draft (a batched draft
+  forward grows with its batch, so drafting for 64 sequences is priced as such).
 
 The search is greedy: start from plain decode, add one depth at a time to the sequence whose next depth wins
 the most tokens per node, and keep the best prefix of those moves. With every `beta` non-increasing in depth
@@ -90,7 +91,7 @@ class SpeculationPlanner:
     def __init__(self) -> None:
         self.cost = StepCost()  # decode-only steps: what a decision changes
         self.mixed_cost = StepCost()  # steps that also prefill: a fallback until a decode-only step is seen
-        self.draft_seconds_per_depth: float | None = None
+        self.draft_cost = StepCost()  # drafter seconds per tree depth, by the number of sequences drafting
         self._accepted: list[float] = []  # drafter-wide: steps that accepted >= d+1 drafted tokens
         self._proposed: list[float] = []  # drafter-wide: steps whose tree reached depth d+1
 
@@ -98,12 +99,9 @@ class SpeculationPlanner:
     def observe_forward(self, tokens: int, seconds: float, prefill_tokens: int = 0) -> None:
         (self.mixed_cost if prefill_tokens else self.cost).observe(tokens, seconds)
 
-    def observe_draft(self, depth: int, seconds: float) -> None:
-        if depth <= 0:
-            return
-        per_depth = seconds / depth
-        old = self.draft_seconds_per_depth
-        self.draft_seconds_per_depth = per_depth if old is None else old + 0.25 * (per_depth - old)
+    def observe_draft(self, depth: int, seconds: float, num_seqs: int = 1) -> None:
+        if depth > 0 and num_seqs > 0:
+            self.draft_cost.observe(num_seqs, seconds / depth)
 
     def observe_step(self, tree_depth: int, accepted: int) -> None:
         while len(self._proposed) < tree_depth:
@@ -159,16 +157,20 @@ class SpeculationPlanner:
         betas = [self._blend(seq, prior) for seq in seqs]
         nodes = [spec.nodes_within(d) for d in range(spec.depth + 1)]
         base_tokens = prefill_tokens + len(seqs)
-        draft_per_depth = self.draft_seconds_per_depth or 0.0
+        draft = self.draft_cost
+
+        def draft_seconds(drafting: int, deepest: int) -> float:
+            return draft.predict(drafting) * deepest if drafting and draft.known else 0.0
 
         pinned = [not seq.params.greedy and seq.params.seed is not None for seq in seqs]
         depths = [spec.depth if pin else 0 for pin in pinned]
         gained = sum(sum(b) for b, pin in zip(betas, pinned) if pin)
         extra_nodes = nodes[spec.depth] * sum(pinned)
         deepest = spec.depth if any(pinned) else 0
+        drafting = sum(pinned)
         heap = [(-betas[i][0] / max(nodes[1], 1), i) for i in range(len(seqs)) if nodes[1] > 0 and not pinned[i]]
         heapq.heapify(heap)
-        seconds = cost.predict(base_tokens + extra_nodes) + draft_per_depth * deepest
+        seconds = cost.predict(base_tokens + extra_nodes) + draft_seconds(drafting, deepest)
         best_rate = (len(seqs) + gained) / max(seconds, 1e-9)
         best_moves: list[int] = []
         moves: list[int] = []
@@ -176,11 +178,12 @@ class SpeculationPlanner:
             _, i = heapq.heappop(heap)
             d = depths[i] + 1
             depths[i] = d
+            drafting += d == 1
             moves.append(i)
             gained += betas[i][d - 1]
             extra_nodes += nodes[d] - nodes[d - 1]
             deepest = max(deepest, d)
-            seconds = cost.predict(base_tokens + extra_nodes) + draft_per_depth * deepest
+            seconds = cost.predict(base_tokens + extra_nodes) + draft_seconds(drafting, deepest)
             rate = (len(seqs) + gained) / max(seconds, 1e-9)
             if rate > best_rate:
                 best_rate, best_moves = rate, list(moves)

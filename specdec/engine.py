@@ -151,7 +151,7 @@ class Engine:
             deepest = max(depths)
             start = time.perf_counter()
             proposed = self.drafter.propose(drafting, self.tree.limited(deepest))
-            self.planner.observe_draft(deepest, time.perf_counter() - start)
+            self.planner.observe_draft(deepest, time.perf_counter() - start, len(drafting))
             trees = {seq.seq_id: tree for seq, tree in zip(drafting, proposed)}
         return [trees[seq.seq_id].cut(d) if d > 0 else TokenTree.chain([seq.last_token])
                 for seq, d in zip(seqs, depths)]

@@ -23,7 +23,7 @@ def planner(cost_per_token: float, fixed: float = 0.02, draft_per_depth: float =
     for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
         p.observe_forward(n, fixed + cost_per_token * n)
     if draft_per_depth:
-        p.observe_draft(1, draft_per_depth)
+        p.observe_draft(1, draft_per_depth, num_seqs=1)
     return p
 
 
@@ -81,3 +81,15 @@ def test_tree_specs_count_nodes_per_depth():
     assert spec.limited(2).budget == 5 and spec.limited(2).depth == 2
     dynamic = parse_tree_spec("dynamic:depth=4,topk=3,budget=10")
     assert [dynamic.nodes_within(d) for d in range(5)] == [0, 3, 10, 10, 10]
+
+
+def test_draft_cost_grows_with_the_number_of_sequences_drafting():
+    """Cheap to draft for one sequence, dear for sixty-four: the planner drafts for the best few only."""
+    p = planner(cost_per_token=0.0001, fixed=0.2)
+    p.observe_draft(1, 0.001, num_seqs=1)
+    p.observe_draft(1, 0.064, num_seqs=64)
+    good = [seq(i, [90, 80], [100, 100]) for i in range(4)]
+    poor = [seq(4 + i, [10, 1], [100, 100]) for i in range(60)]
+    depths = p.plan(good + poor, chain(2))
+    assert all(d > 0 for d in depths[:4])
+    assert sum(d > 0 for d in depths) < 64
