@@ -13,6 +13,7 @@ from typing import Any, Iterator, Sequence as Seq
 
 import torch
 
+from specdec.adaptive import SpeculationPlanner
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import DrafterContext
 from specdec.drafters.registry import build_drafter
@@ -112,7 +113,11 @@ class LLM:
             raise ConfigError(f"the tree has {spec.max_nodes} nodes, more than max_tree_nodes="
                               f"{self.engine_config.max_tree_nodes}")
         self.tree_spec = spec
-        self.engine = Engine(model, self.tokenizer, self.engine_config, self.drafter, spec)
+        # The planner's measurements (step cost, draft cost, acceptance) outlive an engine: switching drafters
+        # back and forth, or a new engine config, need not relearn them.
+        planners = self.__dict__.setdefault("_planners", {})
+        planner = planners.setdefault((drafter, spec), SpeculationPlanner())
+        self.engine = Engine(model, self.tokenizer, self.engine_config, self.drafter, spec, planner)
 
     # --------------------------------------------------------------------------------------------- prompts
     def encode(self, prompt: Prompt, chat: bool = True) -> list[int]:

@@ -33,12 +33,14 @@ from specdec.verifier import VerifyResult, verify_greedy, verify_stochastic
 
 
 class Engine:
-    def __init__(self, model: LlamaModel, tokenizer: Any, config: EngineConfig, drafter: Drafter, tree: TreeSpec) -> None:
+    def __init__(self, model: LlamaModel, tokenizer: Any, config: EngineConfig, drafter: Drafter, tree: TreeSpec,
+                 planner: SpeculationPlanner | None = None) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.tree = tree
-        self.planner = SpeculationPlanner() if config.adaptive_speculation else None
+        # A planner passed in keeps what an earlier engine of the same model and drafter measured.
+        self.planner = (planner or SpeculationPlanner()) if config.adaptive_speculation else None
         self.runner = ModelRunner.create(model, config.num_blocks, config.block_size,
                                          prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.runner.cache)
