@@ -291,6 +291,38 @@ def batch_indices(step: int, train: list[int], s: TrainSettings) -> list[int]:
     return [train[int(i)] for i in order[k * s.batch_size: (k + 1) * s.batch_size]]
 
 
+def optimise(optimizer: torch.optim.Optimizer, params: list[Tensor], s: TrainSettings, state: Any, train: list[int],
+             batch_loss: Callable[[list[int]], Tensor], checkpoint: Callable[[dict], dict],
+             snapshot: Callable[[], dict], path: Path, progress: Progress = _no_progress) -> None:
+    """The training loop every trainer shares: warm-up/cosine learning rate, resumable batches, gradient
+    clipping, and every `checkpoint_every` steps `checkpoint(fields)` (evaluates, appends to `state.history`,
+    returns the fields to show) and a saved checkpoint (`state`, `snapshot()`, the optimizer) at `path`.
+
+    `state` is a dataclass with `step`, `seconds` and `history`; evaluation time counts, saving does not.
+    """
+    recent: list[float] = []
+    progress("train", state.step, s.steps, {})
+    while state.step < s.steps:
+        start = time.perf_counter()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(state.step, s)
+        loss = batch_loss(batch_indices(state.step, train, s))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        state.step += 1
+        recent = (recent + [loss.item()])[-s.checkpoint_every:]
+        state.seconds += time.perf_counter() - start
+        fields: dict[str, Any] = {"loss": sum(recent) / len(recent)}
+        if state.step % s.checkpoint_every == 0 or state.step == s.steps:
+            start = time.perf_counter()
+            fields = checkpoint(fields)
+            state.seconds += time.perf_counter() - start
+            save_atomic({"state": asdict(state), **snapshot(), "optimizer": optimizer.state_dict()}, path)
+        progress("train", state.step, s.steps, fields)
+
+
 def train_draft(draft: LlamaModel, corpus: Corpus, teacher: Teacher, train: list[int], val: list[int],
                 s: TrainSettings, path: Path, state: TrainState | None = None,
                 progress: Progress = _no_progress) -> TrainState:
@@ -302,29 +334,14 @@ def train_draft(draft: LlamaModel, corpus: Corpus, teacher: Teacher, train: list
     state = state or TrainState()
     if state.step:
         load_checkpoint_into(path, draft, optimizer)
-    recent: list[float] = []
-    progress("train", state.step, s.steps, {})
-    while state.step < s.steps:
-        start = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(state.step, s)
-        loss = _loss(draft, corpus, teacher, batch_indices(state.step, train, s), s.bf16).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
-        optimizer.step()
-        state.step += 1
-        recent = (recent + [loss.item()])[-s.checkpoint_every:]
-        state.seconds += time.perf_counter() - start
-        fields = {"loss": sum(recent) / len(recent)}
-        if state.step % s.checkpoint_every == 0 or state.step == s.steps:
-            start = time.perf_counter()
-            fields.update(evaluate(draft, corpus, teacher, val, s.bf16))
-            state.history.append({"step": state.step, **fields})
-            state.seconds += time.perf_counter() - start
-            save_atomic({"state": asdict(state), "params": {k: p.detach() for k, p in params.items()},
-                         "optimizer": optimizer.state_dict()}, path)
-        progress("train", state.step, s.steps, fields)
+    def checkpoint(fields: dict) -> dict:
+        fields.update(evaluate(draft, corpus, teacher, val, s.bf16))
+        state.history.append({"step": state.step, **fields})
+        return fields
+
+    optimise(optimizer, list(params.values()), s, state, train,
+             lambda batch: _loss(draft, corpus, teacher, batch, s.bf16).mean(), checkpoint,
+             lambda: {"params": {k: p.detach() for k, p in params.items()}}, path, progress)
     for p in params.values():
         p.requires_grad_(False)
     return state
@@ -525,25 +542,27 @@ def run_distillation(cfg: DistillConfig, out: Path, resume: bool = False, loaded
     return meta
 
 
-def heldout_tau(loaded: Any, drafters: list[str], prompts: list[str], new_tokens: int = 64, k: int = 4,
-                progress: Progress = _no_progress) -> dict[str, float]:
-    """Mean accepted tokens per target step (the bonus token counted), greedy, chain of k, over `prompts`.
-
-    Adaptive speculation is off: tau measures the drafter on full chains, not the planner's choices.
-    """
+def measure_tau(loaded: Any, drafter: str, tree: str | None, prompts: list[str], new_tokens: int) -> dict[str, float]:
+    """Greedy mean tokens per target step (the bonus token counted) over `prompts`, with `tree` (None: the
+    drafter's default). Adaptive speculation is off: tau measures the drafter on full trees, not the planner's
+    choices."""
     from specdec.api import LLM
     from specdec.config import EngineConfig, SamplingParams
 
+    llm = LLM.from_loaded(loaded, drafter=drafter, tree=tree, engine_config=EngineConfig(adaptive_speculation=False))
+    outputs = llm.generate(prompts, SamplingParams(max_new_tokens=new_tokens))
+    tokens = sum(sum(o.metrics.accepted_per_step) for o in outputs)
+    steps = sum(o.metrics.target_steps for o in outputs)
+    return {"tau": tokens / steps if steps else 0.0, "steps": steps, "tokens": tokens}
+
+
+def heldout_tau(loaded: Any, drafters: list[str], prompts: list[str], new_tokens: int = 64, k: int = 4,
+                progress: Progress = _no_progress) -> dict[str, float]:
+    """`measure_tau` of each drafter with a chain of k."""
     taus = {}
-    params = SamplingParams(max_new_tokens=new_tokens)
     for i, spec in enumerate(drafters):
         progress("eval", i, len(drafters), {"drafter": spec})
-        llm = LLM.from_loaded(loaded, drafter=spec, tree=f"chain:k={k}",
-                              engine_config=EngineConfig(adaptive_speculation=False))
-        outputs = llm.generate(prompts, params)
-        tokens = sum(sum(o.metrics.accepted_per_step) for o in outputs)
-        steps = sum(o.metrics.target_steps for o in outputs)
-        taus[spec] = tokens / steps if steps else 0.0
+        taus[spec] = measure_tau(loaded, spec, f"chain:k={k}", prompts, new_tokens)["tau"]
     progress("eval", len(drafters), len(drafters), {})
     return taus
 

@@ -35,8 +35,8 @@ from specdec.drafters.eagle_checkpoint import default_feature_layers, write_eagl
 from specdec.drafters.eagle_model import EagleConfig, EaglePredictor
 from specdec.errors import ConfigError
 from specdec.models.llama import LlamaModel
-from specdec.training.draft_distill import (Corpus, Progress, TrainSettings, _no_progress, batch_indices,
-                                            check_run_folder, lr_at, save_atomic)
+from specdec.training.draft_distill import (Corpus, Progress, TrainSettings, _no_progress, check_run_folder,
+                                            optimise, save_atomic)
 
 FEATURES_FILE = "features.pt"
 CHECKPOINT_FILE = "checkpoint.pt"
@@ -280,30 +280,16 @@ def train_predictor(model: EaglePredictor, target: LlamaModel, data: EagleData, 
         saved = torch.load(path, weights_only=True)
         model.load_state_dict(saved["params"], strict=False)
         optimizer.load_state_dict(saved["optimizer"])
-    recent: list[float] = []
-    progress("train", state.step, settings.steps, {})
-    while state.step < settings.steps:
-        start = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(state.step, settings)
-        loss, _ = eagle_loss(model, target, data, batch_indices(state.step, train, settings), ttt_steps,
-                             settings.bf16, ce_fraction, ce_weight)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params.values(), 1.0)
-        optimizer.step()
-        state.step += 1
-        recent = (recent + [loss.item()])[-settings.checkpoint_every:]
-        state.seconds += time.perf_counter() - start
-        fields: dict[str, float] = {"loss": sum(recent) / len(recent)}
-        if state.step % settings.checkpoint_every == 0 or state.step == settings.steps:
-            start = time.perf_counter()
-            fields.update(evaluate(model, target, data, val, ttt_steps))
-            state.history.append({"step": state.step, **fields})
-            state.seconds += time.perf_counter() - start
-            save_atomic({"state": asdict(state), "params": model.state_dict(),
-                         "optimizer": optimizer.state_dict()}, path)
-        progress("train", state.step, settings.steps, fields)
+    def checkpoint(fields: dict) -> dict:
+        fields.update(evaluate(model, target, data, val, ttt_steps))
+        state.history.append({"step": state.step, **fields})
+        return fields
+
+    def batch_loss(batch: list[int]) -> Tensor:
+        return eagle_loss(model, target, data, batch, ttt_steps, settings.bf16, ce_fraction, ce_weight)[0]
+
+    optimise(optimizer, list(params.values()), settings, state, train, batch_loss, checkpoint,
+             lambda: {"params": model.state_dict()}, path, progress)
     model.eval().requires_grad_(False)
     return state
 

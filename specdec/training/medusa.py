@@ -18,7 +18,6 @@ maximise the expected accepted length for a node budget (Medusa's own recipe for
 from __future__ import annotations
 
 import heapq
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -30,7 +29,7 @@ from torch import Tensor
 from specdec.drafters.medusa_heads import MedusaHeads
 from specdec.errors import ConfigError
 from specdec.training.draft_distill import (
-    CORPUS_FILE, Corpus, Progress, TrainSettings, _no_progress, batch_indices, check_run_folder, lr_at, save_atomic,
+    CORPUS_FILE, Corpus, Progress, TrainSettings, _no_progress, check_run_folder, optimise, save_atomic,
 )
 
 FEATURES_FILE = "features.pt"
@@ -150,31 +149,18 @@ def train_heads(heads: MedusaHeads, feats: HeadFeatures, train: list[int], val: 
         optimizer.load_state_dict(saved["optimizer"])
     weights = torch.tensor([HEAD_DECAY ** i for i in range(heads.num_heads)], device=heads.weight.device)
     device = heads.weight.device
-    recent: list[float] = []
-    progress("train", state.step, s.steps, {})
-    while state.step < s.steps:
-        start = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(state.step, s)
-        rows, labels = head_batch(feats, batch_indices(state.step, train, s), heads.num_heads, device)
-        loss = (head_losses(heads, rows, labels, bf16) * weights).sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        state.step += 1
-        recent = (recent + [loss.item()])[-s.checkpoint_every:]
-        state.seconds += time.perf_counter() - start
-        fields: dict[str, Any] = {"loss": sum(recent) / len(recent)}
-        if state.step % s.checkpoint_every == 0 or state.step == s.steps:
-            start = time.perf_counter()
-            acc = head_accuracy(heads, feats, val)
-            state.history.append({"step": state.step, "loss": fields["loss"], "val_top1": [a[0] for a in acc]})
-            fields["val_top1"] = acc[0][0]
-            state.seconds += time.perf_counter() - start
-            save_atomic({"state": asdict(state), "weight": heads.weight.detach(), "bias": heads.bias.detach(),
-                         "optimizer": optimizer.state_dict()}, path)
-        progress("train", state.step, s.steps, fields)
+
+    def batch_loss(batch: list[int]) -> Tensor:
+        rows, labels = head_batch(feats, batch, heads.num_heads, device)
+        return (head_losses(heads, rows, labels, bf16) * weights).sum()
+
+    def checkpoint(fields: dict) -> dict:
+        acc = head_accuracy(heads, feats, val)
+        state.history.append({"step": state.step, "loss": fields["loss"], "val_top1": [a[0] for a in acc]})
+        return {**fields, "val_top1": acc[0][0]}
+
+    optimise(optimizer, params, s, state, train, batch_loss, checkpoint,
+             lambda: {"weight": heads.weight.detach(), "bias": heads.bias.detach()}, path, progress)
     for p in params:
         p.requires_grad_(False)
     return state
@@ -284,20 +270,6 @@ def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any =
                   for k, v in trees.items()},
     }
     return heads, meta
-
-
-def measure_tau(loaded: Any, drafter: str, tree: str | None, prompts: list[str], new_tokens: int,
-                progress: Progress = _no_progress) -> dict[str, float]:
-    """Greedy mean tokens per target step (bonus counted) over `prompts`, with the drafter's tree."""
-    from specdec.api import LLM
-    from specdec.config import EngineConfig, SamplingParams
-
-    # The full tree every step: tau measures the drafter, not the engine's adaptive depth choice.
-    llm = LLM.from_loaded(loaded, drafter=drafter, tree=tree, engine_config=EngineConfig(adaptive_speculation=False))
-    outputs = llm.generate(prompts, SamplingParams(max_new_tokens=new_tokens))
-    tokens = sum(sum(o.metrics.accepted_per_step) for o in outputs)
-    steps = sum(o.metrics.target_steps for o in outputs)
-    return {"tau": tokens / steps if steps else 0.0, "steps": steps, "tokens": tokens}
 
 
 def render_readme(meta: dict[str, Any]) -> str:

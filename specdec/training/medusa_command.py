@@ -68,7 +68,8 @@ def _run(cfg, out: Path, resume: bool, eval_per_category: int, published: bool, 
 
     from specdec.drafters.medusa_heads import save_heads
     from specdec.training.cli import _eval_prompts
-    from specdec.training.medusa import measure_tau, render_readme, run_medusa
+    from specdec.training.draft_distill import measure_tau
+    from specdec.training.medusa import render_readme, run_medusa
     from specdec.training.progress import load_target, stage_bars
 
     started = time.perf_counter()
