@@ -22,7 +22,7 @@ from specdec.errors import ConfigError
 from specdec.models.loader import LoadedModel, load_model
 from specdec.outputs import RequestOutput, metrics_of
 from specdec.sequence import Sequence
-from specdec.tree_spec import parse_tree_spec
+from specdec.tree_spec import TreeSpec, parse_tree_spec
 
 Prompt = str | list[int] | list[dict]  # text, token ids, or chat messages
 
@@ -92,6 +92,7 @@ class LLM:
             loaded.model.kv_cache_dtype = torch.float64
             loaded.quantized = "int8"
         self.engine_config = engine_config or EngineConfig()
+        self._planners: dict[tuple[str, TreeSpec], SpeculationPlanner] = {}
         self.use(drafter, tree)
 
     @property
@@ -115,8 +116,7 @@ class LLM:
         self.tree_spec = spec
         # The planner's measurements (step cost, draft cost, acceptance) outlive an engine: switching drafters
         # back and forth, or a new engine config, need not relearn them.
-        planners = self.__dict__.setdefault("_planners", {})
-        planner = planners.setdefault((drafter, spec), SpeculationPlanner())
+        planner = self._planners.setdefault((drafter, spec), SpeculationPlanner())
         self.engine = Engine(model, self.tokenizer, self.engine_config, self.drafter, spec, planner)
 
     # --------------------------------------------------------------------------------------------- prompts

@@ -41,7 +41,7 @@ from typing import Any
 
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import DrafterContext
-from specdec.drafters.registry import int_arg, register, reject_unknown
+from specdec.drafters.registry import float_arg, int_arg, register, reject_unknown
 from specdec.errors import ConfigError
 from specdec.kvcache import BlockTable
 from specdec.models.llama import LlamaModel
@@ -263,25 +263,12 @@ def _wait_until(deadline: float) -> None:
         pass
 
 
-def _float_arg(args: dict[str, str], key: str, default: float, low: float, high: float) -> float:
-    raw = args.pop(key, None)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"drafter option {key} must be a number, got '{raw}'") from None
-    if not low <= value <= high:
-        raise ConfigError(f"drafter option {key} must be between {low} and {high}, got {value}")
-    return value
-
-
 @register("oracle")
 def _build(args: dict[str, str], ctx: DrafterContext) -> OracleDrafter:
     if "alpha" not in args:
         raise ConfigError("the oracle drafter needs its acceptance rate: oracle:alpha=0.8[,k=5][,cost=0][,seed=0]")
-    alpha = _float_arg(args, "alpha", 0.8, 0.0, 1.0)
-    cost = _float_arg(args, "cost", 0.0, 0.0, 60.0)
+    alpha = float_arg(args, "alpha", 0.8, 0.0, 1.0)
+    cost = float_arg(args, "cost", 0.0, 0.0, 60.0)
     k = int_arg(args, "k", 5)
     seed = int_arg(args, "seed", 0, minimum=0)
     reject_unknown("oracle", args)

@@ -47,6 +47,19 @@ def int_arg(args: dict[str, str], key: str, default: int, minimum: int = 1) -> i
     return value
 
 
+def float_arg(args: dict[str, str], key: str, default: float, low: float, high: float) -> float:
+    raw = args.pop(key, None)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"drafter option {key} must be a number, got '{raw}'") from None
+    if not low <= value <= high:
+        raise ConfigError(f"drafter option {key} must be between {low} and {high}, got {value}")
+    return value
+
+
 def reject_unknown(name: str, args: dict[str, str]) -> None:
     if args:
         raise ConfigError(f"unknown option(s) for drafter '{name}': {', '.join(k or repr(v) for k, v in args.items())}")
