@@ -549,7 +549,8 @@ def measure_tau(loaded: Any, drafter: str, tree: str | None, prompts: list[str],
     from specdec.api import LLM
     from specdec.config import EngineConfig, SamplingParams
 
-    llm = LLM.from_loaded(loaded, drafter=drafter, tree=tree, engine_config=EngineConfig(adaptive_speculation=False))
+    llm = LLM.from_loaded(loaded, drafter=drafter, tree=tree, quantize=loaded.quantized,
+                          engine_config=EngineConfig(adaptive_speculation=False))
     outputs = llm.generate(prompts, SamplingParams(max_new_tokens=new_tokens))
     tokens = sum(sum(o.metrics.accepted_per_step) for o in outputs)
     steps = sum(o.metrics.target_steps for o in outputs)

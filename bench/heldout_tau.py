@@ -1,0 +1,69 @@
+"""Held-out tau of the shipped drafters: full trees every step (adaptive speculation off), greedy.
+
+    python bench/heldout_tau.py --quantize int8 --per-category 2 --new-tokens 64
+
+Prompts come from `bench/prompts` split `test`, which no trainer reads. Writes bench/results/heldout_tau.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specdec import LLM  # noqa: E402
+from specdec.data import CATEGORIES, bench_prompts  # noqa: E402
+from specdec.training.draft_distill import measure_tau  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+DEFAULT_METHODS = ("ngram|chain:k=5;draft|chain:k=4;medusa|static:medusa-8;medusa|static:medusa-64;"
+                   "eagle|dynamic:depth=5,topk=3,budget=7;eagle|chain:k=4")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--quantize", default="int8", help="int8 or none")
+    parser.add_argument("--methods", default=DEFAULT_METHODS, help="'drafter|tree;...'")
+    parser.add_argument("--per-category", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=RESULTS / "heldout_tau.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    console = Console()
+    records = bench_prompts(split="test")
+    prompts = [r["prompt"] for c in CATEGORIES for r in [r for r in records if r.get("category") == c][: args.per_category]]
+    quantize = None if args.quantize == "none" else args.quantize
+    loaded = LLM(args.target, quantize=quantize, show_progress=False, num_threads=args.threads).loaded
+    methods = [m.split("|") for m in args.methods.split(";")]
+    rows = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("held-out tau", total=len(methods))
+        for drafter, tree in methods:
+            rows.append({"drafter": drafter, "tree": tree,
+                         **measure_tau(loaded, drafter, tree or None, prompts, args.new_tokens)})
+            progress.advance(task)
+    command = (f"python bench/heldout_tau.py --quantize {args.quantize} --per-category {args.per_category} "
+               f"--new-tokens {args.new_tokens}")
+    result = {"target": args.target, "prompts": len(prompts), "quantize": args.quantize, "rows": rows,
+              "command": command}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"Held-out tau ({len(prompts)} test prompts, {args.new_tokens} new tokens, greedy, {args.quantize}, "
+             "full trees every step)", "", "| drafter | tree | tau |", "|---|---|---|"]
+    lines += [f"| {r['drafter']} | `{r['tree']}` | {r['tau']:.3f} |" for r in rows]
+    lines += ["", f"Command: `{command}`", ""]
+    args.out.with_suffix(".md").write_text("\n".join(lines))
+    console.print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
