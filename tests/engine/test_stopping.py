@@ -198,17 +198,17 @@ def test_tokens_after_a_stop_string_are_not_kept():
 
 # ----------------------------------------------------------------------------------------------- reasons
 def test_eos_stops_and_drops_what_follows_it():
-    state, output, reasons, kept = run_steps(BYTES, [[10, 11], [12, EOS, 13, 14]], SamplingParams())
+    _, output, reasons, kept = run_steps(BYTES, [[10, 11], [12, EOS, 13, 14]], SamplingParams())
     assert output == [10, 11, 12, EOS] and reasons == [None, "stop"] and kept == [2, 2]
 
 
 def test_ignore_eos_runs_through_it():
-    state, output, reasons, kept = run_steps(BYTES, [[10, EOS, 11]], SamplingParams(ignore_eos=True))
+    _, output, reasons, kept = run_steps(BYTES, [[10, EOS, 11]], SamplingParams(ignore_eos=True))
     assert output == [10, EOS, 11] and reasons == [None] and kept == [3]
 
 
 def test_length_stops_at_max_new_tokens():
-    state, output, reasons, kept = run_steps(BYTES, [[10, 11], [12, 13, 14]], SamplingParams(max_new_tokens=3))
+    _, output, reasons, kept = run_steps(BYTES, [[10, 11], [12, 13, 14]], SamplingParams(max_new_tokens=3))
     assert output == [10, 11, 12] and reasons == [None, "length"] and kept == [2, 1]
 
 

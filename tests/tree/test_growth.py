@@ -14,8 +14,14 @@ import random
 import pytest
 import torch
 
-from specdec.tree.growth import (TreeGrowth, best_first_tree, choice_layout, per_depth_trees, subtree,
-                                 trie_tree)
+from specdec.tree.growth import (
+    TreeGrowth,
+    best_first_tree,
+    choice_layout,
+    per_depth_trees,
+    subtree,
+    trie_tree,
+)
 from specdec.tree.spec import TreeSpec, chain, dynamic, static
 from specdec.tree.token_tree import TokenTree
 
