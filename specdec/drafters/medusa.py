@@ -35,7 +35,7 @@ from specdec.tree_spec import TreeSpec, parse_tree_spec
 from specdec.verifier.result import VerifyResult
 
 STATE_KEY = "medusa_hidden"
-DEFAULT_TREE = "static:medusa-8"  # chosen by measured tok/s with the int8 target (see the shipped README)
+DEFAULT_TREE = "static:medusa-8"  # chosen by tok/s with the int8 target when the shipped heads were trained
 
 
 class MedusaDrafter:
