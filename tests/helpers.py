@@ -9,11 +9,11 @@ import torch
 
 from specdec.config import EngineConfig
 from specdec.drafters.base import Drafter
-from specdec.engine import Engine
+from specdec.engine.engine import Engine
 from specdec.models.config import ModelConfig
 from specdec.models.loader import build_model
 from specdec.models.llama import LlamaModel
-from specdec.tree_spec import TreeSpec
+from specdec.tree.spec import TreeSpec
 
 
 def in_ci() -> bool:

@@ -32,11 +32,11 @@ from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.medusa import MedusaDrafter
-from specdec.drafters.medusa_heads import MedusaHeads
+from specdec.drafters.heads.medusa_heads import MedusaHeads
 from specdec.drafters.ngram import NgramDrafter
-from specdec.training.draft_distill import dense_forward
+from specdec.models.dense import dense_forward
 from specdec.training.eagle import init_predictor
-from specdec.tree_spec import TreeSpec, chain
+from specdec.tree.spec import TreeSpec, chain, dynamic
 from specdec.verifier import rules
 from tests.helpers import run_all, tiny_engine, tiny_model
 
@@ -340,7 +340,7 @@ def planted_rule(bug: str | None, temperature: float = 1.0) -> Callable:
 
 
 # --------------------------------------------------------------------------------------------------- cases
-TREE = TreeSpec("dynamic", depth=DEPTH, topk=2, budget=6)
+TREE = dynamic(depth=DEPTH, topk=2, budget=6)
 CHAIN = chain(DEPTH)
 T1 = SamplingParams(temperature=1.0)
 T07 = SamplingParams(temperature=0.7)

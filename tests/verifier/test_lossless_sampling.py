@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.tree import TokenTree
+from specdec.tree.token_tree import TokenTree
 from specdec.verifier import rules
 from tests.verifier import lossless as L
 

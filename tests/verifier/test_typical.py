@@ -11,9 +11,9 @@ import torch
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.medusa import MedusaDrafter
-from specdec.drafters.medusa_heads import MedusaHeads
-from specdec.tree import TokenTree
-from specdec.tree_spec import chain, parse_tree_spec
+from specdec.drafters.heads.medusa_heads import MedusaHeads
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import chain, parse_tree_spec
 from specdec.verifier.typical import typical_floor, verify_typical
 from tests.helpers import run_all, tiny_engine, tiny_model
 
