@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import itertools
 import math
+import random
 import sys
 from dataclasses import dataclass, field
 from typing import Callable
@@ -29,6 +30,8 @@ import torch
 from torch import Tensor
 
 from specdec.config import EngineConfig, SamplingParams
+from specdec.engine.engine import Engine
+from specdec.engine.planner import SpeculationPlanner
 from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.eagle import EagleDrafter
 from specdec.drafters.medusa import MedusaDrafter
@@ -38,7 +41,7 @@ from specdec.models.dense import dense_forward
 from specdec.training.eagle import init_predictor
 from specdec.tree.spec import TreeSpec, chain, dynamic
 from specdec.verifier import rules
-from tests.helpers import run_all, tiny_engine, tiny_model
+from tests.helpers import NoTokenizer, run_all, tiny_model
 
 VOCAB = 8
 DEPTH = 3
@@ -57,7 +60,7 @@ class Case:
     tree: TreeSpec
     params: SamplingParams  # temperature / top_k / top_p (max_new_tokens and seed are set per request)
     runs: int = 2000
-    adaptive: bool = False  # True: unseeded requests under the adaptive planner (it cuts trees per step)
+    random_depths: bool = False  # True: a planner cuts each tree to a random depth every step (0 = plain)
 
 
 @dataclass
@@ -189,19 +192,34 @@ def make_drafter(kind: str, models: Models, config: EngineConfig):
     raise ValueError(kind)
 
 
+class RandomDepthPlanner(SpeculationPlanner):
+    """Cuts every sequence's tree to a random depth each step, 0 (a plain step) included.
+
+    The real planner picks depths from measured costs, and pins seeded requests to the full tree; whatever it
+    picks, the output must keep the target's distribution, so this one picks anything, reproducibly."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.rng = random.Random(seed)
+
+    def plan(self, seqs, spec: TreeSpec, prefill_tokens: int = 0) -> list[int]:
+        return [self.rng.randint(0, spec.depth) for _ in seqs]
+
+
 def sample(models: Models, case: Case, seed: int = 0) -> Sampled:
     """`case.runs` requests through the real engine (drafter, one target pass, verifier, KV commit)."""
     runs = case.runs
-    config = dict(max_num_seqs=runs, max_num_batched_tokens=runs * (case.tree.max_nodes + len(PROMPT)),
-                  kv_cache_tokens=runs * 4 * BLOCK_SIZE, block_size=BLOCK_SIZE, max_tree_nodes=case.tree.max_nodes,
-                  adaptive_speculation=case.adaptive)
-    drafter = make_drafter(case.drafter, models, EngineConfig(**config))
-    engine = tiny_engine(models.target, drafter, case.tree, **config)
+    config = EngineConfig(max_num_seqs=runs, max_num_batched_tokens=runs * (case.tree.max_nodes + len(PROMPT)),
+                          kv_cache_tokens=runs * 4 * BLOCK_SIZE, block_size=BLOCK_SIZE,
+                          max_tree_nodes=case.tree.max_nodes, adaptive_speculation=case.random_depths)
+    planner = RandomDepthPlanner(seed) if case.random_depths else None
+    engine = Engine(models.target, NoTokenizer(), config, make_drafter(case.drafter, models, config), case.tree,
+                    planner=planner)
     p = case.params
     base = 1_000_003 * seed
     seqs = [engine.add_request(PROMPT, SamplingParams(
         max_new_tokens=HORIZON, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p, ignore_eos=True,
-        seed=None if case.adaptive else base + i)) for i in range(runs)]
+        seed=base + i)) for i in range(runs)]
     run_all(engine)
     assert engine.runner.cache.num_free_blocks == engine.runner.cache.pool.num_blocks, "blocks leaked"
     tokens = torch.tensor([s.output_ids for s in seqs], dtype=torch.int64)
@@ -360,7 +378,8 @@ CASES: dict[str, Case] = {
     "medusa tree top-k": Case("medusa", TREE, TOP_K),
     "ngram chain top-p": Case("ngram", CHAIN, TOP_P),
     "ngram tree T=1": Case("ngram", TREE, T1),
-    "draft chain T=1, planner, unseeded": Case("draft", CHAIN, T1, adaptive=True),
+    "draft chain T=1, random depths": Case("draft", CHAIN, T1, random_depths=True),
+    "eagle tree T=1, random depths": Case("eagle", TREE, T1, random_depths=True),
 }
 
 # Each planted rule, and the case it must fail on (one where its bug changes the distribution: the

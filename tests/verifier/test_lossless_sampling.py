@@ -3,7 +3,8 @@
 Through the real engine (drafter, one target pass, verifier, KV commit), for the draft model, EAGLE, Medusa and
 n-gram drafters, chains and trees of depth 3, at T=1, T=0.7, top-k and top-p, with drafters that are accepted
 30-70% of the time at depth 1 (so verification decides often, both ways). Each request generates 5 tokens: the
-first from the prefill, and the bonus after a fully accepted first tree still inside the horizon. The samples
+first from the prefill, and the bonus after a fully accepted first tree still inside the horizon. Two cases
+cut every tree to a random depth each step (0 included), as the adaptive planner may. The samples
 are tested against an exact reference computed without the engine and without `target_probs` (see
 `tests/verifier/lossless.py`); a sample of probability 0 fails outright.
 
