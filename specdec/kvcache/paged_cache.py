@@ -99,10 +99,15 @@ class PagedKVCache:
         table.blocks[-1] = own
 
     def truncate(self, table: BlockTable, length: int) -> None:
-        """Roll back to the first `length` tokens; whole blocks past the end go back to the pool."""
+        """Roll back to the first `length` tokens; whole blocks past the end go back to the pool (still cached:
+        their K/V is intact), and the table forgets the cache entries of every block no longer full."""
         if length > table.length:
             raise ValueError(f"cannot truncate a sequence of {table.length} tokens to {length}")
         keep = -(-length // self.block_size)
+        if self.prefix is not None and length % self.block_size and self.pool.ref_count(table.blocks[keep - 1]) == 1:
+            # The cut falls inside a block only this table holds: the next append overwrites part of it in place,
+            # so the prefix cache must stop offering it for the tokens it held (a shared one is copied first).
+            self.prefix.forget(table.blocks[keep - 1])
         for block in table.blocks[keep:]:
             self.pool.release(block)
         del table.blocks[keep:]
