@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 import torch
 
+from specdec.engine.health import check_finite_logits
 from specdec.engine.planner import SpeculationPlanner
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import Drafter
@@ -57,6 +58,15 @@ class Engine:
 
     # ----------------------------------------------------------------------------------------------- requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        self.check_request(prompt_ids, params)
+        seq = Sequence(next(self._ids), list(prompt_ids), params, make_generator(params.seed, self.runner.device))
+        self.sequences[seq.seq_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise what `add_request` would raise for this request, adding nothing (batch callers check each
+        record first, so one bad record does not stop the rest)."""
         if not prompt_ids:
             raise PromptTooLongError("the prompt is empty: give at least one token")
         if len(prompt_ids) >= self.max_len:
@@ -70,10 +80,6 @@ class Engine:
                 f"this request needs up to {worst} tokens of KV cache but the engine holds only "
                 f"{self.runner.cache.pool.num_blocks * self.config.block_size}; raise kv_cache_tokens"
             )
-        seq = Sequence(next(self._ids), list(prompt_ids), params, make_generator(params.seed, self.runner.device))
-        self.sequences[seq.seq_id] = seq
-        self.scheduler.add(seq)
-        return seq
 
     def abort(self, seq_id: int) -> None:
         seq = self.sequences.get(seq_id)
@@ -105,6 +111,7 @@ class Engine:
         features = self.drafter.needs_hidden_states
         outs = self.runner.run(chunks, return_hidden=features,
                                capture_layers=tuple(getattr(self.drafter, "feature_layers", ()) or ()))
+        check_finite_logits(outs)  # NaN/Inf logits stop the step with a clear error, not token 0
         touched: list[Sequence] = []
         for (seq, n), out in zip(batch.prefills, outs):
             if features:  # a feature drafter builds its own state from the target's features over the prompt
