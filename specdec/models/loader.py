@@ -69,7 +69,7 @@ def resolve_target(target: str, show_progress: bool = True) -> Path:
 
         folder = gguf_cache_dir(path)
         if not (folder / "config.json").is_file():
-            convert_gguf(path, folder, show_progress=show_progress)
+            convert_gguf(path, folder, show_progress=show_progress, expected_sha256=registry.pinned_sha256(path))
         return folder
     if path.is_dir():
         if not (path / "config.json").is_file():
