@@ -207,7 +207,7 @@ def run_batch(llm: Any, job: BatchJob, params: Any, chat: bool) -> int:
                           "prefix cache {task.fields[cached]} tok"), TimeElapsedColumn())
     previous_term = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        with Progress(*columns, console=err_console, transient=False) as progress:
+        with Progress(*columns, console=err_console, transient=False, disable=not runnable) as progress:
             task = progress.add_task("requests", total=len(runnable), rate=0.0, tau=0.0, cached=0)
             if runnable:
                 for delta in llm.stream([ids for _, ids in runnable], params, chat=False):
