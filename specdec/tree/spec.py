@@ -67,6 +67,8 @@ class TreeSpec:
             return sum(1 for c in self.choices if len(c) <= depth)
         if self.kind == "chain":
             return depth
+        if self.topk == 1:
+            return min(depth, self.budget)
         total, width = 0, 1
         for _ in range(depth):  # stops at the budget, so huge depth or topk values cost nothing
             width = min(width * self.topk, self.budget)
