@@ -8,7 +8,7 @@ error is a `ConfigError` whose `field` names the setting, so the CLI can name it
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specdec.errors import ConfigError
 
@@ -66,7 +66,6 @@ class EngineConfig:
     acceptance: str = "lossless"
     typical_threshold: float = 0.09  # epsilon: accept if p(token) > min(epsilon, delta * exp(-entropy))
     typical_alpha: float = 0.3  # delta
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "max_tree_nodes",
@@ -82,7 +81,6 @@ class EngineConfig:
                f"typical_threshold must be a number in [0, 1], got {self.typical_threshold!r}", "typical_threshold")
         _check(_is_number(self.typical_alpha) and self.typical_alpha >= 0,
                f"typical_alpha must be a number >= 0, got {self.typical_alpha!r}", "typical_alpha")
-        _check(isinstance(self.extra, dict), f"extra must be a dict, got {type(self.extra).__name__}", "extra")
         _check(self.max_tree_nodes <= self.max_num_batched_tokens,
                f"max_tree_nodes ({self.max_tree_nodes}) cannot exceed max_num_batched_tokens "
                f"({self.max_num_batched_tokens})", "max_tree_nodes")

@@ -56,8 +56,8 @@ def test_sampling_params(kwargs):
 @FUZZ
 @given(st.dictionaries(st.sampled_from(["block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens",
                                         "max_tree_nodes", "prefill_chunk", "enable_prefix_caching",
-                                        "adaptive_speculation", "acceptance", "typical_threshold", "typical_alpha",
-                                        "extra"]), anything, max_size=12))
+                                        "adaptive_speculation", "acceptance", "typical_threshold", "typical_alpha"]),
+                       anything, max_size=11))
 def test_engine_config(kwargs):
     works_or_says_why(lambda: EngineConfig(**kwargs))
 

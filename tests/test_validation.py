@@ -93,7 +93,7 @@ def test_stop_none_means_no_stop_strings():
 
 
 @pytest.mark.parametrize("kwargs", [{"enable_prefix_caching": "yes"}, {"typical_threshold": 2.0},
-                                    {"typical_alpha": -1}, {"extra": []}, {"block_size": 0},
+                                    {"typical_alpha": -1}, {"block_size": 0},
                                     {"max_tree_nodes": 4096}])
 def test_engine_config_refuses_bad_values(kwargs):
     with pytest.raises(ConfigError):

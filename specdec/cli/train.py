@@ -55,7 +55,7 @@ def draft(
     """Distill a small draft model from the target; writes OUT/draft (config, bf16 weights, README)."""
     import torch
 
-    from specdec.training.common import DistillConfig
+    from specdec.training.draft import DistillConfig
 
     try:
         if threads:
@@ -94,7 +94,7 @@ def _run(cfg, out: Path, resume: bool, eval_per_category: int) -> None:
     import time
 
     from specdec.drafters.draft_model import DEFAULT_EARLY_EXIT_LAYERS
-    from specdec.training.common import heldout_tau, render_readme, run_distillation
+    from specdec.training.draft import heldout_tau, render_readme, run_distillation
     from specdec.training.progress import load_target, stage_bars
 
     started = time.perf_counter()
