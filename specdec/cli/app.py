@@ -184,9 +184,11 @@ def _bench_suite():
 
 
 def _add_subcommands() -> None:
+    from specdec.cli.serve import serve
     from specdec.cli.train import train_app
 
     app.add_typer(train_app, name="train", help="Train draft models for a target (self-distillation).")
+    app.command()(serve)
 
 
 _add_subcommands()
