@@ -1,0 +1,158 @@
+"""The engine-loop thread: requests from coroutines join the running batch, aborts free blocks, overload is
+refused, and streamed text is cut only where it is final."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from specdec.config import SamplingParams
+from specdec.engine.async_engine import AsyncEngine, EngineDeadError, OverloadedError, TextDeltas
+from specdec.errors import PromptTooLongError
+from specdec.models.tokenizer import ByteTokenizer
+from tests.server.harness import tiny_llm
+
+GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
+
+
+def make(max_waiting: int = 64, **config) -> tuple[AsyncEngine, object]:
+    llm = tiny_llm(**config)
+    engine = AsyncEngine(llm.engine, llm.encode, max_waiting)
+    engine.start()
+    return engine, llm
+
+
+def blocks_in_use(engine: AsyncEngine) -> int:
+    pool = engine.engine.runner.cache.pool
+    return pool.num_blocks - pool.num_free
+
+
+def test_text_deltas_hold_back_half_characters():
+    tok = ByteTokenizer(300)
+    ids = tok.encode("a€b")  # '€' is three bytes
+    cut = TextDeltas(())
+    pieces = [cut(tok.decode(ids[:n]), finished=n == len(ids)) for n in range(1, len(ids) + 1)]
+    assert pieces == ["a", "", "", "€", "b"]
+
+
+def test_text_deltas_hold_back_what_could_start_a_stop_string():
+    cut = TextDeltas(("END",))
+    assert cut("abcE", False) == "ab"  # 'cE' could become 'END'
+    assert cut("abcEN", False) == "c"
+    assert cut("abc", True) == "" and cut.sent == "abc"  # the engine cut the stop string off: nothing contradicts
+
+
+def test_concurrent_submits_match_the_engine_run_alone():
+    engine, llm = make()
+    prompts = [[3 + i, 7, 9 + i] for i in range(6)]
+    alone = [llm.generate([p], GREEDY, chat=False)[0].token_ids for p in prompts]  # before the thread runs any
+
+    async def main():
+        streams = [await engine.submit(p, GREEDY, chat=False) for p in prompts]
+        return await asyncio.gather(*(s.result() for s in streams))
+
+    try:
+        outs = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert [o.token_ids for o in outs] == alone
+    assert blocks_in_use(engine) == 0
+
+
+def test_a_request_joins_a_batch_already_running():
+    engine, _ = make()
+
+    async def main():
+        long = await engine.submit([5, 6, 7], SamplingParams(max_new_tokens=120, temperature=0.0), chat=False)
+        it = long.__aiter__()
+        await it.__anext__()  # the long request is decoding
+        short = [d async for d in await engine.submit([8, 9], GREEDY, chat=False)]
+        return short, [d async for d in it]
+
+    try:
+        short, rest = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert short[-1].output.finish_reason == "length" and rest[-1].output.finish_reason == "length"
+    assert short[-1].time < rest[-1].time  # the short one finished while the long one still decoded beside it
+    assert rest[-1].output.metrics.target_steps == 119  # one decode step per token: the long one never paused
+
+
+def test_leaving_a_stream_aborts_it_and_frees_its_blocks():
+    engine, _ = make()
+
+    async def main():
+        stream = await engine.submit([5, 6, 7], SamplingParams(max_new_tokens=200, temperature=0.0), chat=False)
+        async for _ in stream:
+            break
+        for _ in range(500):
+            if not engine._live and blocks_in_use(engine) == 0:
+                return True
+            await asyncio.sleep(0.01)
+        return False
+
+    try:
+        freed = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert freed
+    assert not engine.engine.has_unfinished()
+
+
+def test_a_full_waiting_queue_refuses_with_retry_after():
+    engine, _ = make(max_waiting=2)
+    engine.pause()
+
+    async def main():
+        first = asyncio.ensure_future(engine.submit([5], GREEDY, chat=False))
+        second = asyncio.ensure_future(engine.submit([6], GREEDY, chat=False))
+        await asyncio.sleep(0.2)  # both are taken and wait for a step, which the pause holds back
+        with pytest.raises(OverloadedError) as refused:
+            await engine.submit([7], GREEDY, chat=False)
+        engine.resume()
+        outs = [await (await s).result() for s in (first, second)]
+        return refused.value, outs
+
+    try:
+        refused, outs = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert refused.retry_after_s >= 1
+    assert all(len(o.token_ids) == GREEDY.max_new_tokens for o in outs)
+
+
+def test_a_prompt_over_the_context_is_refused_at_submit():
+    engine, _ = make()
+    try:
+        with pytest.raises(PromptTooLongError):
+            asyncio.run(engine.submit(list(range(1, 60)) * 5, GREEDY, chat=False))
+    finally:
+        engine.shutdown()
+
+
+def test_an_engine_bug_fails_its_requests_and_the_loop_serves_on():
+    engine, _ = make()
+    real_step = engine.engine.step
+    calls = {"n": 0}
+
+    def failing_once():
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("planted bug")
+        return real_step()
+
+    engine.engine.step = failing_once
+
+    async def main():
+        doomed = await engine.submit([5, 6], GREEDY, chat=False)
+        with pytest.raises(EngineDeadError):
+            await doomed.result()
+        return await (await engine.submit([5, 6], GREEDY, chat=False)).result()
+
+    try:
+        after = asyncio.run(main())
+    finally:
+        engine.shutdown()
+    assert len(after.token_ids) == GREEDY.max_new_tokens
+    assert blocks_in_use(engine) == 0
