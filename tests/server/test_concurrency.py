@@ -65,6 +65,7 @@ def test_hundred_streams_with_a_third_disconnecting(tiny_server):
         assert text == reference.text, i  # and the same as the request alone
     wait_idle(server)
     assert pool.num_free == pool.num_blocks
+    assert not server.engine.engine.sequences  # and the engine holds no finished request (a server runs for weeks)
 
 
 def finished_count(url: str, reason: str) -> float:
