@@ -169,17 +169,14 @@ class LLM:
                 seqs.append(engine.add_request(ids, p))
             index = {seq.seq_id: i for i, seq in enumerate(seqs)}
             sent_tokens = {seq.seq_id: 0 for seq in seqs}
-            sent_text = {seq.seq_id: "" for seq in seqs}
+            sent_chars = {seq.seq_id: 0 for seq in seqs}
             while engine.has_unfinished():
                 for seq in engine.step():
                     new_ids = seq.output_ids[sent_tokens[seq.seq_id]:]
                     sent_tokens[seq.seq_id] = len(seq.output_ids)
-                    text = engine.output_text(seq)
-                    delta_text = text[len(sent_text[seq.seq_id]):] if text.startswith(sent_text[seq.seq_id]) else ""
-                    if seq.is_finished or not text.endswith("\ufffd"):  # hold back half a multi-byte character
-                        sent_text[seq.seq_id] = text
-                    else:
-                        delta_text = ""
+                    text = engine.output_text(seq)  # decodes only the new tokens
+                    delta_text = text[sent_chars[seq.seq_id]:]
+                    sent_chars[seq.seq_id] = len(text)
                     output = self._output(seq) if seq.is_finished else None
                     yield StreamDelta(index[seq.seq_id], delta_text, new_ids, len(new_ids), seq.is_finished, output)
         finally:

@@ -7,7 +7,7 @@ instead of deep inside a step.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from specdec.errors import ConfigError
 
@@ -63,7 +63,6 @@ class EngineConfig:
     acceptance: str = "lossless"
     typical_threshold: float = 0.09  # epsilon: accept if p(token) > min(epsilon, delta * exp(-entropy))
     typical_alpha: float = 0.3  # delta
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "max_tree_nodes",

@@ -154,12 +154,7 @@ def _prepare_oracle(llm: LLM, prompts: list[list[int]], max_new_tokens: int) -> 
 
 
 def tree_label(llm: LLM) -> str:
-    spec = llm.tree_spec
-    if spec.kind == "chain":
-        return f"chain:k={spec.depth}"
-    if spec.kind == "dynamic":
-        return f"dynamic:depth={spec.depth},topk={spec.topk},budget={spec.budget}"
-    return f"static, {spec.budget} nodes"
+    return llm.tree_spec.describe()
 
 
 def build_ours(options: SuiteOptions, loaded, console: Console, notes: list[str]) -> list[OursRunner]:

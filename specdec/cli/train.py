@@ -56,7 +56,7 @@ def draft(
     """Distill a small draft model from the target; writes OUT/draft (config, bf16 weights, README)."""
     import torch
 
-    from specdec.training.common import DistillConfig
+    from specdec.training.draft import DistillConfig
 
     try:
         if threads:
@@ -96,7 +96,7 @@ def _run(cfg, out: Path, resume: bool, eval_per_category: int) -> None:
     import time
 
     from specdec.drafters.draft_model import DEFAULT_EARLY_EXIT_LAYERS
-    from specdec.training.common import heldout_tau, render_readme, run_distillation
+    from specdec.training.draft import heldout_tau, render_readme, run_distillation
     from specdec.training.progress import load_target, stage_bars
 
     started = time.perf_counter()
@@ -143,17 +143,17 @@ def _eval_prompts(per_category: int) -> list[str]:
 
 
 def _load_commands() -> None:
-    """Import every `specdec/training/*_command.py`: each adds its own `@train_app.command(...)`.
+    """Import every `specdec/cli/train_*.py`: each adds its own `@train_app.command(...)`.
 
     One file per trainer keeps trainers independent; nothing here lists them by hand.
     """
     import importlib
     import pkgutil
 
-    import specdec.training as package
+    import specdec.cli as package
 
     for info in pkgutil.iter_modules(package.__path__):
-        if info.name.endswith("_command"):
+        if info.name.startswith("train_"):
             importlib.import_module(f"{package.__name__}.{info.name}")
 
 

@@ -1,42 +1,53 @@
-"""The engine step: schedule, draft, one target pass, verify, commit, stop checks.
+"""The engine step: schedule, propose, forward, verify, commit, finish.
 
     waiting ─► Scheduler ─► prefill chunks + decoding sequences
-    Drafter.propose ─► one TokenTree per decoding sequence
+    Planner + Drafter.propose ─► one TokenTree per decoding sequence
     ONE target forward over every chunk and every tree node (tree-masked attention over the paged cache)
-    verify (greedy or lossless rejection sampling) ─► accepted path + bonus token per sequence
+    verify (greedy, batched; or rejection sampling per sequence) ─► accepted path + bonus token per sequence
     KV commit (compact accepted path, truncate the rest) ─► Drafter.commit ─► stop checks ─► outputs
 
-Plain decode is the same step with the `none` drafter, whose trees are just the root.
+Plain decode is the same step with the `none` drafter, whose trees are just the root. The engine knows no
+tokenizer internals (stopping.py decodes) and no cache internals (the scheduler and runner own them).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-import torch
+from torch import Tensor
 
-from specdec.engine.planner import SpeculationPlanner
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import Drafter
+from specdec.engine.planner import SpeculationPlanner
+from specdec.engine.runner import Chunk, ChunkOutput, ModelRunner, Rows
+from specdec.engine.scheduler import ScheduledBatch, Scheduler, prefill_target
+from specdec.engine.sequence import Sequence, Status
+from specdec.engine.stopping import StopRules, TextState
 from specdec.errors import OutOfBlocksError, PromptTooLongError
 from specdec.models.llama import LlamaModel
-from specdec.engine.runner import Chunk, ModelRunner
 from specdec.sampling import make_generator, sample, target_probs
-from specdec.engine.scheduler import Scheduler, prefill_target
-from specdec.engine.sequence import Sequence, Status
-from specdec.tree.token_tree import TokenTree
 from specdec.tree.spec import TreeSpec
-from specdec.verifier import VerifyResult, verify_greedy, verify_stochastic
+from specdec.tree.token_tree import TokenTree
+from specdec.verifier import VerifyResult, verify_greedy_batch
+from specdec.verifier.select import Rule, rule_for, sampled_rule
+
+StepObserver = Callable[[Sequence, TokenTree, VerifyResult], None]
+
+
+@dataclass
+class _Timing:
+    start: float
+    proposed: float = 0.0
+    committed: float = 0.0
 
 
 class Engine:
     def __init__(self, model: LlamaModel, tokenizer: Any, config: EngineConfig, drafter: Drafter, tree: TreeSpec,
                  planner: SpeculationPlanner | None = None) -> None:
         self.config = config
-        self.tokenizer = tokenizer
         self.drafter = drafter
         self.tree = tree
         # A planner passed in keeps what an earlier engine of the same model and drafter measured.
@@ -48,12 +59,17 @@ class Engine:
         eos = set(model.config.eos_token_ids)
         if getattr(tokenizer, "eos_token_id", None) is not None:
             eos.add(int(tokenizer.eos_token_id))
-        self.eos_ids = frozenset(eos)
+        self.stops = StopRules(tokenizer, frozenset(eos), self.max_len)
         self._ids = itertools.count()
+        self._rules: dict[int, Rule] = {}
         self.sequences: dict[int, Sequence] = {}
         # Called as observer(seq, tree, result) after each verified step: experiments record trees and accepted
         # paths here without the engine knowing what they measure.
-        self.step_observers: list[Callable[[Sequence, TokenTree, VerifyResult], None]] = []
+        self.step_observers: list[StepObserver] = []
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.stops.eos_ids
 
     # ----------------------------------------------------------------------------------------------- requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
@@ -65,12 +81,14 @@ class Engine:
                 "(and at least one must be left to generate into)"
             )
         worst = min(len(prompt_ids) + params.max_new_tokens, self.max_len) + self.tree.max_nodes
-        if self.runner.cache.pool.num_blocks * self.config.block_size < worst:
+        if self.scheduler.capacity_tokens < worst:
             raise OutOfBlocksError(
                 f"this request needs up to {worst} tokens of KV cache but the engine holds only "
-                f"{self.runner.cache.pool.num_blocks * self.config.block_size}; raise kv_cache_tokens"
+                f"{self.scheduler.capacity_tokens}; raise kv_cache_tokens"
             )
-        seq = Sequence(next(self._ids), list(prompt_ids), params, make_generator(params.seed, self.runner.device))
+        seq = Sequence(next(self._ids), list(prompt_ids), params, make_generator(params.seed, self.runner.device),
+                       text=TextState())
+        self._rules[seq.seq_id] = rule_for(params, self.config)
         self.sequences[seq.seq_id] = seq
         self.scheduler.add(seq)
         return seq
@@ -86,67 +104,47 @@ class Engine:
     # ---------------------------------------------------------------------------------------------------- step
     def step(self) -> list[Sequence]:
         """Run one engine step; returns the sequences that emitted tokens or finished in it."""
-        batch = self.scheduler.schedule(self.tree.max_nodes)
-        if batch.preempted:
-            self.drafter.release(batch.preempted)
-        if batch.empty:
-            if batch.preempted or not self.scheduler.running:
-                return []
-            raise OutOfBlocksError("the KV cache cannot hold even one running sequence; raise kv_cache_tokens")
-        t0 = time.perf_counter()
-        trees = [self._fit_context(seq, tree) for seq, tree in zip(batch.decodes, self._propose(batch))]
-        t1 = time.perf_counter()
-        chunks = [self._prefill_chunk(seq, n) for seq, n in batch.prefills]
-        chunks += [
-            Chunk(seq.table, tree.tokens.tolist(), tree.positions(seq.table.length).tolist(),
-                  None if tree.is_chain else tree.ancestor_mask, "all")
-            for seq, tree in zip(batch.decodes, trees)
-        ]
-        features = self.drafter.needs_hidden_states
-        outs = self.runner.run(chunks, return_hidden=features,
-                               capture_layers=tuple(getattr(self.drafter, "feature_layers", ()) or ()))
-        touched: list[Sequence] = []
-        for (seq, n), out in zip(batch.prefills, outs):
-            if features:  # a feature drafter builds its own state from the target's features over the prompt
-                self.drafter.observe_prefill(seq, seq.num_computed, out.hidden)
-            seq.num_computed += n
-            self._cache_full_blocks(seq)
-            if seq.num_computed == prefill_target(seq) and not seq.output_ids:
-                self._emit(seq, [self._first_token(seq, out.logits[0])])
-                touched.append(seq)
-        results = []
-        for seq, tree, out in zip(batch.decodes, trees, outs[len(batch.prefills):]):
-            result = self._verify(seq, tree, out.logits)
-            if out.hidden is not None:
-                result = replace(result, hidden=out.hidden[result.accepted_nodes])
-            self.runner.commit_path(seq.table, out.prefix_len, result.accepted_nodes)
-            seq.num_computed = seq.table.length
-            self._cache_full_blocks(seq)
-            results.append(result)
-        if batch.decodes:
-            self.drafter.commit(batch.decodes, results)
-        t2 = time.perf_counter()
-        if self.planner is not None:  # the whole verify side: forward, verification, KV commit, drafter commit
-            self.planner.observe_forward(sum(len(c.tokens) for c in chunks), t2 - t1,
-                                         prefill_tokens=sum(n for _, n in batch.prefills))
-        for seq, tree, result in zip(batch.decodes, trees, results):
-            self._record(seq, tree, result, t1 - t0, t2 - t1)
-            if self.planner is not None:
-                self.planner.observe_step(int(tree.depth.max()), result.num_accepted_drafts)
-            for observer in self.step_observers:
-                observer(seq, tree, result)
-            self._emit(seq, result.tokens)
+        batch = self._schedule()
+        if batch is None:
+            return []
+        timing = _Timing(time.perf_counter())
+        trees = self._propose(batch)
+        timing.proposed = time.perf_counter()
+        prefill_outs, tree_outs = self._forward(batch, trees)
+        touched = self._finish_prefills(batch, prefill_outs)
+        results = self._verify(batch.decodes, trees, tree_outs)
+        self._commit(batch.decodes, tree_outs, results)
+        timing.committed = time.perf_counter()
+        self._observe(batch, trees, results, timing)
+        for seq, result in zip(batch.decodes, results):
+            # tau counts the tokens a step emitted, not those a stop cut off after it
+            seq.metrics.step_accepts.append(self._emit(seq, result.tokens))
             touched.append(seq)
         return touched
 
-    def _propose(self, batch) -> list[TokenTree]:
-        """Trees for the decoding sequences: the drafter's, cut to the planner's depth for each sequence."""
+    def _schedule(self) -> ScheduledBatch | None:
+        batch = self.scheduler.schedule(self.tree.max_nodes)
+        if batch.preempted:
+            self.drafter.release(batch.preempted)
+        if not batch.empty:
+            return batch
+        if batch.preempted or not self.scheduler.running:
+            return None
+        raise OutOfBlocksError("the KV cache cannot hold even one running sequence; raise kv_cache_tokens")
+
+    def _propose(self, batch: ScheduledBatch) -> list[TokenTree]:
+        """Trees for the decoding sequences: the drafter's, cut to the planner's depth and to the context."""
         seqs = batch.decodes
         if not seqs:
             return []
         if self.planner is None:
-            return self.drafter.propose(seqs, self.tree)
-        depths = self.planner.plan(seqs, self.tree, sum(n for _, n in batch.prefills))
+            trees = self.drafter.propose(seqs, self.tree)
+        else:
+            trees = self._planned_trees(seqs, sum(n for _, n in batch.prefills))
+        return [tree.cut(self.max_len - seq.table.length - 1) for seq, tree in zip(seqs, trees)]
+
+    def _planned_trees(self, seqs: list[Sequence], prefill_tokens: int) -> list[TokenTree]:
+        depths = self.planner.plan(seqs, self.tree, prefill_tokens)
         drafting = [seq for seq, d in zip(seqs, depths) if d > 0]
         trees: dict[int, TokenTree] = {}
         if drafting:
@@ -158,41 +156,78 @@ class Engine:
         return [trees[seq.seq_id].cut(d) if d > 0 else TokenTree.chain([seq.last_token])
                 for seq, d in zip(seqs, depths)]
 
-    def _cache_full_blocks(self, seq: Sequence) -> None:
-        prefix = self.runner.cache.prefix
-        if prefix is not None and len(seq.table.cached) < seq.table.length // self.config.block_size:
-            prefix.register(seq.table, seq.token_ids)
+    def _forward(self, batch: ScheduledBatch, trees: list[TokenTree]) -> tuple[list[ChunkOutput], list[ChunkOutput]]:
+        """ONE target pass over every prefill chunk and every tree; outputs split back into the two groups."""
+        chunks = [self._prefill_chunk(seq, n) for seq, n in batch.prefills]
+        chunks += [Chunk(seq.table, tree.token_list, tree.positions(seq.table.length).tolist(),
+                         None if tree.is_chain else tree.ancestor_mask, Rows.ALL)
+                   for seq, tree in zip(batch.decodes, trees)]
+        outs = self.runner.run(chunks, return_hidden=self.drafter.needs_features,
+                               capture_layers=self.drafter.feature_layers)
+        return outs[: len(batch.prefills)], outs[len(batch.prefills):]
 
     def _prefill_chunk(self, seq: Sequence, n: int) -> Chunk:
         start = seq.num_computed
         done = start + n == prefill_target(seq)
         return Chunk(seq.table, seq.token_ids[start: start + n], list(range(start, start + n)), None,
-                     "last" if done and not seq.output_ids else "none")
+                     Rows.LAST if done and not seq.output_ids else Rows.NONE)
 
-    def _fit_context(self, seq: Sequence, tree: TokenTree) -> TokenTree:
-        """Drop tree nodes whose position would pass the model's context."""
-        return tree.cut(self.max_len - seq.table.length - 1)  # the deepest depth that still fits
+    def _finish_prefills(self, batch: ScheduledBatch, outs: list[ChunkOutput]) -> list[Sequence]:
+        """Hand prefill features to the drafter; a sequence whose prompt is done draws its first token."""
+        touched = []
+        for (seq, n), out in zip(batch.prefills, outs):
+            self.drafter.observe_prefill(seq, out.prefix_len, out.hidden)
+            self.scheduler.prefilled(seq)
+            if seq.num_computed == prefill_target(seq) and not seq.output_ids:
+                self._emit(seq, [self._first_token(seq, out.logits[0])])
+                touched.append(seq)
+        return touched
 
-    def _first_token(self, seq: Sequence, logits: torch.Tensor) -> int:
+    def _first_token(self, seq: Sequence, logits: Tensor) -> int:
         if seq.params.greedy:
             return int(logits.argmax())
         return sample(target_probs(logits[None], seq.params)[0], seq.generator)
 
-    def _verify(self, seq: Sequence, tree: TokenTree, logits: torch.Tensor) -> VerifyResult:
-        if seq.params.greedy:
-            return verify_greedy(tree, logits)
-        if self.config.acceptance == "typical":
-            from specdec.verifier.typical import verify_typical
+    def _verify(self, seqs: list[Sequence], trees: list[TokenTree], outs: list[ChunkOutput]) -> list[VerifyResult]:
+        """Greedy sequences in one batched pass; sampled ones by their rule, each with its own generator."""
+        results: list[VerifyResult | None] = [None] * len(seqs)
+        greedy = [i for i, seq in enumerate(seqs) if self._rules[seq.seq_id] is Rule.GREEDY]
+        for i, result in zip(greedy, verify_greedy_batch([trees[i] for i in greedy], [outs[i].logits for i in greedy])):
+            results[i] = result
+        for i, seq in enumerate(seqs):
+            if results[i] is None:
+                verify = sampled_rule(self._rules[seq.seq_id], self.config)
+                results[i] = verify(trees[i], outs[i].logits, seq.params, seq.generator)
+        if self.drafter.needs_features:
+            results = [replace(r, hidden=out.hidden[r.accepted_nodes]) for r, out in zip(results, outs)]
+        return results  # type: ignore[return-value]
 
-            return verify_typical(tree, target_probs(logits, seq.params), seq.generator,
-                                  self.config.typical_threshold, self.config.typical_alpha)
-        return verify_stochastic(tree, target_probs(logits, seq.params), seq.generator)
+    def _commit(self, seqs: list[Sequence], outs: list[ChunkOutput], results: list[VerifyResult]) -> None:
+        """Keep each accepted path's K/V (rollback of the rest), then let the drafter advance or roll back."""
+        for seq, out, result in zip(seqs, outs, results):
+            self.runner.commit_path(seq.table, out.prefix_len, result.accepted_nodes)
+            self.scheduler.committed(seq)
+        if seqs:
+            self.drafter.commit(seqs, results)
+
+    def _observe(self, batch: ScheduledBatch, trees: list[TokenTree], results: list[VerifyResult],
+                 timing: _Timing) -> None:
+        draft_s, verify_s = timing.proposed - timing.start, timing.committed - timing.proposed
+        if self.planner is not None:  # the whole verify side: forward, verification, KV commit, drafter commit
+            prefill_tokens = sum(n for _, n in batch.prefills)
+            self.planner.observe_forward(prefill_tokens + sum(len(tree) for tree in trees), verify_s,
+                                         prefill_tokens=prefill_tokens)
+        for seq, tree, result in zip(batch.decodes, trees, results):
+            self._record(seq, tree, result, draft_s, verify_s)
+            if self.planner is not None:
+                self.planner.observe_step(int(tree.depth.max()), result.num_accepted_drafts)
+            for observer in self.step_observers:
+                observer(seq, tree, result)
 
     def _record(self, seq: Sequence, tree: TokenTree, result: VerifyResult, draft_s: float, verify_s: float) -> None:
         m = seq.metrics
         m.draft_time_s += draft_s
         m.verify_time_s += verify_s
-        m.step_accepts.append(len(result.tokens))
         depth = int(tree.depth.max())
         while len(m.proposed_by_depth) < depth:
             m.proposed_by_depth.append(0)
@@ -203,37 +238,25 @@ class Engine:
         m.accepted_drafts += result.num_accepted_drafts
 
     # ------------------------------------------------------------------------------------------- stop checks
-    def _emit(self, seq: Sequence, tokens: list[int]) -> None:
+    def _emit(self, seq: Sequence, tokens: list[int]) -> int:
+        """Append tokens up to the first stop (EOS, length, stop string); returns how many were kept."""
         if seq.metrics.first_token_time is None:
             seq.metrics.first_token_time = time.perf_counter()
-        params = seq.params
-        for token in tokens:
-            seq.output_ids.append(token)
-            if token in self.eos_ids and not params.ignore_eos:
-                return self._finish(seq, "stop")
-            if len(seq.output_ids) >= params.max_new_tokens or seq.num_tokens >= self.max_len:
-                return self._finish(seq, "length")
-        if params.stop and self._hit_stop_string(seq):
-            self._finish(seq, "stop")
-
-    def _hit_stop_string(self, seq: Sequence) -> bool:
-        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
-        longest = max(len(s) for s in seq.params.stop)
-        start = max(0, seq.stop_checked_len - longest)
-        seq.stop_checked_len = len(text)
-        hits = [i for i in (text.find(s, start) for s in seq.params.stop) if i >= 0]
-        if not hits:
-            return False
-        seq.text_end = min(hits)
-        return True
+        kept, reason = self.stops.append(seq.text, seq.output_ids, tokens, seq.params, len(seq.prompt_ids))
+        if reason is not None:
+            self._finish(seq, reason)
+        return kept
 
     def _finish(self, seq: Sequence, reason: str) -> None:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         seq.metrics.finish_time = time.perf_counter()
+        self.stops.finish(seq.text, seq.output_ids)
         self.scheduler.remove(seq)
         self.drafter.release([seq])
+        self._rules.pop(seq.seq_id, None)
 
     def output_text(self, seq: Sequence) -> str:
-        text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
-        return text if seq.text_end is None else text[: seq.text_end]
+        """The request's text so far (up to a matched stop string), decoding only what is new."""
+        self.stops.decode(seq.text, seq.output_ids, final=seq.is_finished)
+        return seq.text.visible(seq.params.stop, seq.is_finished)

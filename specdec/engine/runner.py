@@ -7,14 +7,24 @@ The target runner and a draft model's runner are the same class: each owns a cac
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from specdec.errors import OutOfBlocksError
 from specdec.kvcache import BlockTable, PagedKVCache
 from specdec.models.context import AttentionContext
 from specdec.models.llama import LlamaModel
+
+
+class Rows(enum.Enum):
+    """Which rows of a chunk need logits (the LM head is a large share of a step: compute only what is read)."""
+
+    ALL = "all"  # every row (a tree being verified, a draft tree's frontier)
+    LAST = "last"  # the last row (the end of a prefill, a catch-up feed)
+    NONE = "none"  # no row (the middle of a chunked prefill)
 
 
 @dataclass
@@ -25,7 +35,15 @@ class Chunk:
     tokens: list[int]
     positions: list[int]  # absolute positions (prefix + depth for tree nodes)
     mask: Tensor | None = None  # [n, n] bool visibility among the new tokens; None = causal
-    logits: str = "all"  # which rows need logits: "all", "last" or "none"
+    logits: Rows = Rows.ALL
+    tail: int = 1  # with Rows.LAST: how many of the last rows (a draft tree's newest nodes, say)
+
+    def __post_init__(self) -> None:
+        self.logits = Rows(self.logits)
+
+    @property
+    def num_logit_rows(self) -> int:
+        return {Rows.ALL: len(self.tokens), Rows.LAST: min(self.tail, len(self.tokens)), Rows.NONE: 0}[self.logits]
 
 
 @dataclass
@@ -60,33 +78,16 @@ class ModelRunner:
         or, when `capture_layers` names layers (EAGLE-3), the residual streams entering them, concatenated.
         The caller must have checked that the cache has room (`cache.can_append`).
         """
-        tables, prefixes, counts, slots, tokens, positions, masks = [], [], [], [], [], [], []
-        for chunk in chunks:
-            prefixes.append(chunk.table.length)
-            new_slots = self.cache.append(chunk.table, len(chunk.tokens))
-            if new_slots is None:
-                raise RuntimeError("KV cache has no room for a scheduled chunk (the scheduler should prevent this)")
-            tables.append(chunk.table.blocks)
-            counts.append(len(chunk.tokens))
-            slots.extend(new_slots)
-            tokens.extend(chunk.tokens)
-            positions.extend(chunk.positions)
-            masks.append(chunk.mask)
-        device = self.device
-        ctx = AttentionContext.build(tables, prefixes, counts, slots, device, masks)
-        rows, starts = [], [0]
-        for chunk, n in zip(chunks, counts):
-            if chunk.logits == "all":
-                rows.extend(range(starts[-1], starts[-1] + n))
-            elif chunk.logits == "last":
-                rows.append(starts[-1] + n - 1)
-            starts.append(starts[-1] + n)
+        packed = pack(self.cache, chunks, self.device)
+        rows = []
+        for chunk, start, end in zip(chunks, packed.starts, packed.starts[1:]):
+            rows.extend(range(end - chunk.num_logit_rows, end))
         out = self.model(
-            torch.tensor(tokens, dtype=torch.int64, device=device),
-            torch.tensor(positions, dtype=torch.int64, device=device),
-            ctx,
+            packed.tokens,
+            packed.positions,
+            packed.ctx,
             self.cache.layers,
-            logits_rows=torch.tensor(rows, dtype=torch.int64, device=device),
+            logits_rows=torch.tensor(rows, dtype=torch.int64, device=self.device),
             return_hidden=return_hidden and not capture_layers,
             capture_layers=capture_layers if return_hidden else (),
             num_layers=self.num_layers,
@@ -96,10 +97,10 @@ class ModelRunner:
             features = torch.cat([out.layer_inputs[i] for i in capture_layers], dim=-1)
         results, row = [], 0
         for b, chunk in enumerate(chunks):
-            n_rows = {"all": counts[b], "last": 1, "none": 0}[chunk.logits]
+            n_rows = chunk.num_logit_rows
             logits = out.logits[row: row + n_rows] if n_rows else None
-            hidden = features[starts[b]: starts[b + 1]] if features is not None else None
-            results.append(ChunkOutput(logits, hidden, prefixes[b]))
+            hidden = features[packed.starts[b]: packed.starts[b + 1]] if features is not None else None
+            results.append(ChunkOutput(logits, hidden, packed.prefixes[b]))
             row += n_rows
         return results
 
@@ -109,3 +110,41 @@ class ModelRunner:
         dst = [table.slot(prefix_len + k, self.cache.block_size) for k, node in enumerate(accepted_nodes) if node != k]
         self.cache.copy_slots(src, dst)
         self.cache.truncate(table, prefix_len + len(accepted_nodes))
+
+
+@dataclass(frozen=True)
+class PackedChunks:
+    """Many chunks flattened into one forward's inputs, with the attention metadata over the paged cache."""
+
+    tokens: Tensor  # [T] int64, every chunk's new tokens in order
+    positions: Tensor  # [T] int64
+    ctx: AttentionContext
+    prefixes: list[int]  # cache length of each chunk's sequence before its new tokens
+    starts: list[int]  # [len(chunks) + 1] offsets of each chunk's rows in `tokens`
+
+
+def pack(cache: PagedKVCache, chunks: list[Chunk], device: torch.device) -> PackedChunks:
+    """Append every chunk's slots to its table and build the one AttentionContext of the pass.
+
+    Every forward over a paged cache (the target's, a draft model's, an EAGLE predictor's) packs its chunks
+    here, so attention metadata has one builder.
+    """
+    tables, prefixes, counts, slots, tokens, positions, masks = [], [], [], [], [], [], []
+    for chunk in chunks:
+        prefixes.append(chunk.table.length)
+        new_slots = cache.append(chunk.table, len(chunk.tokens))
+        if new_slots is None:
+            raise OutOfBlocksError("a KV cache has no room for a scheduled chunk; raise kv_cache_tokens")
+        tables.append(chunk.table.blocks)
+        counts.append(len(chunk.tokens))
+        slots.extend(new_slots)
+        tokens.extend(chunk.tokens)
+        positions.extend(chunk.positions)
+        masks.append(chunk.mask)
+    starts = [0]
+    for n in counts:
+        starts.append(starts[-1] + n)
+    ctx = AttentionContext.build(tables, prefixes, counts, slots, device,
+                                 masks if any(m is not None for m in masks) else None)
+    return PackedChunks(torch.tensor(tokens, dtype=torch.int64, device=device),
+                        torch.tensor(positions, dtype=torch.int64, device=device), ctx, prefixes, starts)

@@ -4,6 +4,9 @@ Every step fits under two budgets: tokens (prefill-chunk tokens plus tree nodes,
 KV blocks. Decoding sequences go first so a long prompt never stalls them (chunked prefill fills what is left).
 When blocks run out, the newest running sequence is preempted by recompute: its blocks are freed and it goes
 back to the front of the waiting queue, to be prefilled again later with its output so far. Nothing is lost.
+
+The scheduler makes every prefix-cache call: matching a new sequence's prompt against cached blocks when it is
+admitted, and registering full blocks after each prefill chunk and each commit (`prefilled`, `committed`).
 """
 
 from __future__ import annotations
@@ -40,8 +43,26 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens the whole KV cache holds: no single request may need more."""
+        return self.cache.pool.num_blocks * self.cache.block_size
+
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+
+    def prefilled(self, seq: Sequence) -> None:
+        """A prefill chunk of `seq` ran: its new full blocks become reusable by later requests."""
+        self._cache_full_blocks(seq)
+
+    def committed(self, seq: Sequence) -> None:
+        """A verify step committed tokens of `seq`: the same for its decoded blocks."""
+        self._cache_full_blocks(seq)
+
+    def _cache_full_blocks(self, seq: Sequence) -> None:
+        prefix = self.cache.prefix
+        if prefix is not None and len(seq.table.cached) < seq.table.length // self.cache.block_size:
+            prefix.register(seq.table, seq.token_ids)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -87,7 +108,6 @@ class Scheduler:
             if reserved + need > self.cache.num_free_blocks:
                 if hit:  # not admitted after all: give the cached blocks back until next time
                     self.cache.free(seq.table)
-                    seq.num_computed = 0
                 break
             if self.cache.prefix is not None:
                 self.cache.prefix.count_query(prefill_target(seq), hit)
@@ -103,9 +123,7 @@ class Scheduler:
         since the last one's logits give the next token."""
         if self.cache.prefix is None or seq.num_computed or seq.table.blocks:
             return 0
-        hit = self.cache.prefix.match(seq.table, seq.token_ids, prefill_target(seq) - 1)
-        seq.num_computed = hit
-        return hit
+        return self.cache.prefix.match(seq.table, seq.token_ids, prefill_target(seq) - 1)
 
     def _schedule_prefill(self, seq: Sequence, batch: ScheduledBatch, reserved: int, budget: int) -> tuple[int, int]:
         chunk = min(prefill_target(seq) - seq.num_computed, self.config.prefill_chunk, budget)
@@ -118,7 +136,6 @@ class Scheduler:
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         self.running.remove(seq)
         self.cache.free(seq.table)
-        seq.num_computed = 0
         seq.status = Status.WAITING
         seq.metrics.preemptions += 1
         self.waiting.appendleft(seq)

@@ -55,10 +55,6 @@ class PagedKVCache:
             for _ in range(num_layers)
         ]
 
-    @staticmethod
-    def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * num_layers * block_size * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free

@@ -2,7 +2,7 @@
 
 Stages, each saved in the run folder so `--resume` continues where a run stopped:
 
-1. corpus:   the target's greedy answers to training prompts (`draft_distill.generate_corpus`), or an existing
+1. corpus:   the target's greedy answers to training prompts (`common.generate_corpus`), or an existing
              `corpus.pt` given with `--corpus` (the draft trainer's corpus serves as is).
 2. features: one dense target pass over every prompt + answer (`features.record_features`): final-norm hidden
              states (EAGLE-1/2) or the residual streams entering layers 2, N//2, N-3 (EAGLE-3), in bf16; for

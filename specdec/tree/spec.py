@@ -7,6 +7,7 @@ after it".
 
 from __future__ import annotations
 
+import enum
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from specdec.spec_strings import parse_spec
 
 Choice = tuple[int, ...]
 
-# Medusa trees (head i's rank-r token at depth i + 1), built by `specdec.training.medusa.optimal_tree` from the
+# Medusa trees (head i's rank-r token at depth i + 1), built by `specdec.training.medusa.best_choice_paths` from the
 # per-head top-k accuracy of the shipped smollm2-135m heads on held-out answers (see their README).
 MEDUSA_TREES: dict[str, list[Choice]] = {
     "medusa-8": [(0,), (1,), (2,), (3,), (4,), (5,), (0, 0), (0, 1)],
@@ -48,13 +49,24 @@ BUILTIN_TREES: dict[str, list[Choice]] = {
 }
 
 
+class TreeKind(enum.Enum):
+    """How a tree is shaped (the drafter fills in the tokens; `tree.growth` builds every kind)."""
+
+    CHAIN = "chain"  # one path of `depth` drafted tokens
+    STATIC = "static"  # a fixed choice list: the path (0, 1) is "best candidate, then the second best after it"
+    DYNAMIC = "dynamic"  # EAGLE-2: grow by top-k per depth, keep the `budget` best nodes by cumulative score
+
+
 @dataclass(frozen=True)
 class TreeSpec:
-    kind: str  # "chain" | "static" | "dynamic"
+    kind: TreeKind
     depth: int  # longest root-to-leaf path in drafted tokens
     topk: int  # branching per node (1 for chains)
     budget: int  # most drafted nodes (the root not counted)
     choices: tuple[Choice, ...] = ()  # static trees only, parents before children
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", TreeKind(self.kind))  # a kind given by name ("dynamic") is accepted
 
     @property
     def max_nodes(self) -> int:
@@ -63,27 +75,39 @@ class TreeSpec:
     def nodes_within(self, depth: int) -> int:
         """Most drafted nodes at depth <= `depth` (what a tree cut at that depth can cost)."""
         depth = min(depth, self.depth)
-        if self.kind == "static":
+        if self.kind is TreeKind.STATIC:
             return sum(1 for c in self.choices if len(c) <= depth)
-        if self.kind == "chain":
+        if self.kind is TreeKind.CHAIN:
             return depth
         return min(self.budget, sum(self.topk ** d if self.topk ** d < self.budget else self.budget
                                     for d in range(1, depth + 1)))
+
+    def describe(self) -> str:
+        """A spec string for this shape (static trees by built-in name, else by size, as their choices live in a
+        file)."""
+        if self.kind is TreeKind.CHAIN:
+            return f"chain:k={self.depth}"
+        if self.kind is TreeKind.DYNAMIC:
+            return f"dynamic:depth={self.depth},topk={self.topk},budget={self.budget}"
+        for name, choices in BUILTIN_TREES.items():
+            if static(choices).choices == self.choices:
+                return f"static:{name}"
+        return f"static({self.budget} nodes, depth {self.depth})"
 
     def limited(self, depth: int) -> "TreeSpec":
         """The same shape, no deeper than `depth` (static trees keep their choices within that depth)."""
         if depth >= self.depth:
             return self
-        if self.kind == "static":
+        if self.kind is TreeKind.STATIC:
             kept = tuple(c for c in self.choices if len(c) <= depth)
-            return TreeSpec("static", depth=depth, topk=self.topk, budget=len(kept), choices=kept)
+            return TreeSpec(TreeKind.STATIC, depth=depth, topk=self.topk, budget=len(kept), choices=kept)
         return TreeSpec(self.kind, depth=depth, topk=self.topk, budget=self.nodes_within(depth))
 
 
 def chain(k: int) -> TreeSpec:
     if k < 0:
         raise ConfigError(f"a chain needs k >= 0, got {k}")
-    return TreeSpec("chain", depth=k, topk=1, budget=k)
+    return TreeSpec(TreeKind.CHAIN, depth=k, topk=1, budget=k)
 
 
 def static(choices: list[Choice]) -> TreeSpec:
@@ -98,8 +122,23 @@ def static(choices: list[Choice]) -> TreeSpec:
             raise ConfigError(f"tree choice {c} has no parent {c[:-1]} in the tree")
         if c[-1] > 0 and c[:-1] + (c[-1] - 1,) not in known:
             raise ConfigError(f"tree choice {c} skips its sibling rank {c[-1] - 1}")
-    return TreeSpec("static", depth=max(len(c) for c in ordered), topk=1 + max(c[-1] for c in ordered),
+    return TreeSpec(TreeKind.STATIC, depth=max(len(c) for c in ordered), topk=1 + max(c[-1] for c in ordered),
                     budget=len(ordered), choices=tuple(ordered))
+
+
+def dynamic(depth: int, topk: int, budget: int) -> TreeSpec:
+    if min(depth, topk, budget) < 1:
+        raise ConfigError("dynamic trees need depth, topk and budget >= 1")
+    return TreeSpec(TreeKind.DYNAMIC, depth=depth, topk=topk, budget=budget)
+
+
+def choices_of(spec: TreeSpec) -> tuple[Choice, ...]:
+    """A chain or static spec as its choice list (rank paths, parents first)."""
+    if spec.kind is TreeKind.CHAIN:
+        return tuple((0,) * d for d in range(1, spec.depth + 1))
+    if spec.kind is TreeKind.STATIC:
+        return spec.choices
+    raise ConfigError("a dynamic tree has no fixed choice list")
 
 
 def parse_tree_spec(text: str, max_nodes: int | None = None) -> TreeSpec:
@@ -113,9 +152,7 @@ def parse_tree_spec(text: str, max_nodes: int | None = None) -> TreeSpec:
         depth = _int(args.pop("depth", "6"), "depth")
         topk = _int(args.pop("topk", "8"), "topk")
         budget = _int(args.pop("budget", "60"), "budget")
-        if min(depth, topk, budget) < 1:
-            raise ConfigError("dynamic trees need depth, topk and budget >= 1")
-        spec = TreeSpec("dynamic", depth=depth, topk=topk, budget=budget)
+        spec = dynamic(depth, topk, budget)
     else:
         raise ConfigError(f"unknown tree kind '{name}'; use chain:k=N, static:<name|file> or "
                           "dynamic:depth=D,topk=K,budget=B")

@@ -49,6 +49,10 @@ class TokenTree:
         return self.parents.tolist()
 
     @cached_property
+    def token_list(self) -> list[int]:
+        return self.tokens.tolist()
+
+    @cached_property
     def depth(self) -> Tensor:  # [N] int64
         depth = [0] * len(self)
         for i, p in enumerate(self.parent_list[1:], start=1):

@@ -78,7 +78,7 @@ def test_hf_assistant_is_our_shipped_draft(default_model, hf_default_model) -> N
     """The assisted-generation peer drafts with the same network as our `draft` drafter."""
     from specdec.benchmarks.peers import hf_assistant
     from specdec.drafters.heads.draft_folder import load_draft_folder, shipped_draft_dir
-    from specdec.training.common import dense_forward
+    from specdec.models.dense import dense_forward
 
     folder = shipped_draft_dir("smollm2-135m")
     assert folder is not None

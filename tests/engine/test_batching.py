@@ -80,12 +80,12 @@ def test_outputs_under_preemption_equal_each_request_alone(model, requests_and_e
 
 def test_chunked_prefill_gives_the_same_logits_as_one_prefill(model):
     from specdec.kvcache import BlockTable
-    from specdec.engine.runner import Chunk, ModelRunner
+    from specdec.engine.runner import Chunk, ModelRunner, Rows
     import torch
 
     prompt = list(range(40))
     one = ModelRunner.create(model, 32, 4)
-    whole = one.run([Chunk(BlockTable(), prompt, list(range(40)), None, "all")])[0].logits
+    whole = one.run([Chunk(BlockTable(), prompt, list(range(40)), None, Rows.ALL)])[0].logits
     chunked = ModelRunner.create(model, 32, 4)
     table, parts, start = BlockTable(), [], 0
     for n in (7, 1, 16, 16):

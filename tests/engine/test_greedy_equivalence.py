@@ -46,12 +46,12 @@ def assert_same_or_near_tie(llm, prompt: str, plain: list[int], spec: list[int])
     first = next(i for i, (a, b) in enumerate(zip(plain, spec)) if a != b)
     ids = llm.encode(prompt) + plain[:first]
     llm.use("none")
-    from specdec.engine.runner import Chunk
+    from specdec.engine.runner import Chunk, Rows
     from specdec.kvcache import BlockTable
 
     runner = llm.engine.runner
     table = BlockTable()
-    logits = runner.run([Chunk(table, ids, list(range(len(ids))), None, "last")])[0].logits[0]
+    logits = runner.run([Chunk(table, ids, list(range(len(ids))), None, Rows.LAST)])[0].logits[0]
     runner.cache.free(table)
     top2 = logits.topk(2).values
     gap = float(top2[0] - top2[1])

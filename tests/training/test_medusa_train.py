@@ -12,7 +12,7 @@ from specdec.errors import ConfigError
 from specdec.models.loader import LoadedModel
 from specdec.training.common import Corpus, TrainSettings, save_atomic
 from specdec.training.medusa import (
-    HeadFeatures, MedusaConfig, head_batch, head_features, head_losses, optimal_tree, run_medusa, train_heads,
+    HeadFeatures, MedusaConfig, head_batch, head_features, head_losses, best_choice_paths, run_medusa, train_heads,
 )
 from tests.helpers import NoTokenizer, tiny_model
 
@@ -76,7 +76,7 @@ def test_a_run_writes_heads_that_load_and_resume_restores_them(tmp_path):
 
 def test_optimal_tree_follows_the_accuracy_table():
     acc = [[0.6, 0.2, 0.1], [0.5, 0.1, 0.05]]
-    choices, tau = optimal_tree(acc, 3)
+    choices, tau = best_choice_paths(acc, 3)
     # values: (0,) .6, (0,0) .3, (1,) .2, (0,1) .06, (2,) .1
     assert choices == [(0,), (1,), (0, 0)]
     assert tau == pytest.approx(1 + 0.6 + 0.3 + 0.2)

@@ -9,12 +9,12 @@ import pytest
 
 from specdec.errors import ConfigError
 from specdec.spec_strings import parse_spec
-from specdec.tree.spec import BUILTIN_TREES, TreeSpec, parse_tree_spec, static
+from specdec.tree.spec import BUILTIN_TREES, TreeKind, TreeSpec, parse_tree_spec, static
 
 
 def test_chain_spec_sets_depth_and_budget_to_k():
     spec = parse_tree_spec("chain:k=5")
-    assert spec == TreeSpec("chain", depth=5, topk=1, budget=5)
+    assert spec == TreeSpec(TreeKind.CHAIN, depth=5, topk=1, budget=5)
     assert spec.max_nodes == 6
 
 
@@ -24,7 +24,7 @@ def test_chain_without_k_uses_the_default_of_five():
 
 def test_builtin_static_tree_has_its_choices_in_parent_first_order():
     spec = parse_tree_spec("static:tree-16")
-    assert spec.kind == "static"
+    assert spec.kind is TreeKind.STATIC
     assert spec.budget == 16 and spec.max_nodes == 17
     assert spec.depth == 6  # (0, 0, 0, 0, 0, 0) is the deepest path
     assert spec.topk == 3  # ranks 0, 1, 2 at the root
@@ -59,7 +59,7 @@ def test_static_file_path_may_contain_colons_and_equals_signs(tmp_path):
 
 def test_dynamic_spec_reads_depth_topk_and_budget():
     spec = parse_tree_spec("dynamic:depth=6,topk=8,budget=60")
-    assert spec == TreeSpec("dynamic", depth=6, topk=8, budget=60)
+    assert spec == TreeSpec(TreeKind.DYNAMIC, depth=6, topk=8, budget=60)
     assert spec.max_nodes == 61
 
 

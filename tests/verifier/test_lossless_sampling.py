@@ -123,7 +123,7 @@ def test_planted_wrong_acceptance_rule_is_caught(models, monkeypatch):
         return original(swapped, flipped_probs, generator)
 
     original = rules.verify_stochastic
-    monkeypatch.setattr("specdec.engine.engine.verify_stochastic", wrong_rule)
+    monkeypatch.setattr("specdec.verifier.select.verify_stochastic", wrong_rule)
     params = SamplingParams(temperature=1.0)
     counts = sampled_joint(target, draft_drafter(draft), chain(2), params)
     p = chi_square_p_value(counts, exact_joint(target, params))

@@ -37,14 +37,14 @@ def shipped_draft_dir(target_name: str) -> Path | None:
     `target_name` is an alias (`smollm2-135m`) or the folder a target was loaded from: the converted folder
     of an alias records the alias in its `specdec_source.json`, so `LoadedModel.source` works too.
     """
-    alias = _alias_of(target_name)
+    alias = alias_of(target_name)
     if alias is None:
         return None
     folder = ASSETS_DIR / alias
     return folder if (folder / "config.json").is_file() and (folder / WEIGHTS_FILE).is_file() else None
 
 
-def _alias_of(target_name: str) -> str | None:
+def alias_of(target_name: str) -> str | None:
     from specdec.models import registry
 
     if registry.is_alias(target_name):

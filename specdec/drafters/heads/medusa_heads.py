@@ -88,9 +88,9 @@ def _input_dtype(module: nn.Module, fallback: torch.dtype) -> torch.dtype:
 # ------------------------------------------------------------------------------------------------ loading
 def shipped_heads_dir(target_name: str) -> Path | None:
     """The packaged heads for a target (an alias, or the folder an alias was converted into), or None."""
-    from specdec.drafters.heads.draft_folder import _alias_of
+    from specdec.drafters.heads.draft_folder import alias_of
 
-    alias = _alias_of(target_name)
+    alias = alias_of(target_name)
     if alias is None:
         return None
     folder = ASSETS_DIR / alias

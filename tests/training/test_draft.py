@@ -13,9 +13,10 @@ from specdec.config import SamplingParams
 from specdec.drafters.heads.draft_folder import is_draft_folder, load_draft_folder, write_draft_folder
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.loader import LoadedModel, load_model
-from specdec.training.common import (
-    Corpus, DistillConfig, TrainSettings, dense_forward, evaluate, init_draft, load_train_state, run_distillation,
-    teacher_topk, trainable_parameters, train_draft,
+from specdec.models.dense import dense_forward
+from specdec.training.common import Corpus, TrainSettings, load_train_state, teacher_topk
+from specdec.training.draft import (
+    DistillConfig, evaluate, init_draft, run_distillation, trainable_parameters, train_draft,
 )
 from tests.helpers import NoTokenizer, tiny_model
 
@@ -51,14 +52,14 @@ def tiny_run(tmp_path):
 
 def test_dense_forward_matches_the_engine_forward():
     from specdec.kvcache import BlockTable
-    from specdec.engine.runner import Chunk, ModelRunner
+    from specdec.engine.runner import Chunk, ModelRunner, Rows
 
     model = tiny_model(1, vocab=VOCAB)
     ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
     dense = model.lm_head(dense_forward(model, ids))
     runner = ModelRunner.create(model, 16, 4)
     for b in range(2):
-        out = runner.run([Chunk(BlockTable(), ids[b].tolist(), list(range(9)), None, "all")])[0]
+        out = runner.run([Chunk(BlockTable(), ids[b].tolist(), list(range(9)), None, Rows.ALL)])[0]
         torch.testing.assert_close(out.logits, dense[b], atol=1e-5, rtol=1e-5)
 
 
