@@ -128,12 +128,14 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
 
 
-def summarise(records: list[Record], slo_ttft: float, slo_tpot: float) -> dict:
+def summarise(runs: list[list[Record]], slo_ttft: float, slo_tpot: float) -> dict:
+    """Over every repeat of one (method, rate): latency percentiles over all requests, rates over all runs."""
+    records = [r for run in runs for r in run]
     ok = [r for r in records if r.error is None and r.first is not None]
     ttft = [r.first - r.sent for r in ok]
     itl = [g for r in ok for g in r.gaps]
     tpot = [(r.done - r.first) / (r.tokens - 1) for r in ok if r.tokens > 1]
-    span = max(r.done for r in records) - min(r.sent for r in records)
+    span = sum(max(r.done for r in run) - min(r.sent for r in run) for run in runs)
     good = [r for r in ok if r.first - r.sent <= slo_ttft and (r.tokens <= 1 or (r.done - r.first) / (r.tokens - 1)
                                                                 <= slo_tpot)]
     taus = [r.tau for r in ok if r.tau is not None]
@@ -199,6 +201,7 @@ def main() -> None:
     parser.add_argument("--methods", default="none;ngram|chain:k=8", help="'drafter|tree;...' (first = baseline)")
     parser.add_argument("--rates", default="0.5,1,2,inf")
     parser.add_argument("--requests", type=int, default=24, help="requests per run")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per (method, rate), interleaved")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
                         help="completions for targets without a chat template (dummy:<shape>)")
@@ -234,13 +237,15 @@ def main() -> None:
         results: dict[str, dict] = {name: {} for name in servers}
         for i, rate in enumerate(rates):
             r = float(rate)
-            gaps = [0.0] * args.requests if math.isinf(r) else [rng.expovariate(r) for _ in range(args.requests)]
-            delays = [sum(gaps[: k + 1]) - gaps[0] for k in range(args.requests)]
-            names = list(servers) if i % 2 == 0 else list(servers)[::-1]
-            for name in names:
-                records = asyncio.run(run_load(servers[name][1], chosen, delays, args))
-                results[name][rate] = summarise(records, args.slo_ttft, args.slo_tpot)
-                s = results[name][rate]
+            runs: dict[str, list] = {name: [] for name in servers}
+            for repeat in range(args.repeats):  # a fresh schedule each repeat; methods alternate who goes first
+                gaps = [0.0] * args.requests if math.isinf(r) else [rng.expovariate(r) for _ in range(args.requests)]
+                delays = [sum(gaps[: k + 1]) - gaps[0] for k in range(args.requests)]
+                names = list(servers) if (i + repeat) % 2 == 0 else list(servers)[::-1]
+                for name in names:
+                    runs[name].append(asyncio.run(run_load(servers[name][1], chosen, delays, args)))
+            for name in servers:
+                results[name][rate] = s = summarise(runs[name], args.slo_ttft, args.slo_tpot)
                 print(f"rate {rate:>4} {name:<24} ITL p50 {s['itl_p50'] * 1000:6.1f} ms  p99 "
                       f"{s['itl_p99'] * 1000:6.1f}  TTFT p50 {s['ttft_p50'] * 1000:7.1f} ms  "
                       f"{s['output_tok_s']:6.1f} tok/s  goodput {s['goodput_req_s']:.2f} req/s  "
@@ -270,7 +275,7 @@ def write_table(results: dict, rates: list[str], args: argparse.Namespace, path:
                          f"{s['output_tok_s']:.1f} | {s['goodput_req_s']:.2f} | {s['tau'] or 0:.2f} | "
                          f"{_ratio(b['itl_p50'], s['itl_p50'])} | {_ratio(s['output_tok_s'], b['output_tok_s'])} |")
     lines.append("")
-    lines.append(f"{args.requests} requests per run, up to {args.max_tokens} new tokens, greedy, target "
+    lines.append(f"{args.requests} requests per run, {args.repeats} run(s) per method and rate, up to {args.max_tokens} new tokens, greedy, target "
                  f"{args.target} ({args.quantize or 'fp32'}), {args.threads} thread(s) per server; goodput: TTFT <= "
                  f"{args.slo_ttft} s and TPOT <= {args.slo_tpot * 1000:.0f} ms.")
     path.write_text("\n".join(lines) + "\n")
