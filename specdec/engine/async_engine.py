@@ -68,30 +68,22 @@ class EngineStats:
 
 
 class TextDeltas:
-    """Turns a growing output text into final, safe-to-send pieces: the one place streaming text is cut.
+    """Turns a request's growing visible text into the pieces a stream sends: the one place text is cut.
 
-    Text is held back while it ends in half a multi-byte character (it decodes to U+FFFD until the rest
-    arrives), and, for a request with stop strings, its last `longest stop - 1` characters, which could still
-    become the start of a stop string the engine will cut off. A finished request's text is sent whole.
-    When the engine gains an incremental detokenizer, only `__call__`'s `text` argument changes source.
+    `Engine.output_text` decodes only new tokens (engine/stopping.py) and already holds back what is not final:
+    half a multi-byte character, and the last `longest stop - 1` characters while they could still start a
+    stop string. So the visible text only grows, and each piece is what it gained since the last one.
     """
 
-    def __init__(self, stop: tuple[str, ...]) -> None:
+    def __init__(self) -> None:
         self.sent = ""
-        self.hold = max((len(s) for s in stop), default=1) - 1
 
-    def __call__(self, text: str, finished: bool) -> str:
-        if not text.startswith(self.sent):  # cannot happen with the hold-back; never send a contradiction
+    def __call__(self, text: str) -> str:
+        if len(text) <= len(self.sent) or not text.startswith(self.sent):
+            if not text.startswith(self.sent):  # the engine took back visible text: never send a contradiction
+                log.warning("visible text shrank; a streamed piece was withheld")
             return ""
-        if finished:
-            end = len(text)
-        else:
-            end = len(text) - self.hold
-            while end > len(self.sent) and text[end - 1] == "\ufffd":
-                end -= 1
-        if end <= len(self.sent):
-            return ""
-        piece, self.sent = text[len(self.sent): end], text[:end]
+        piece, self.sent = text[len(self.sent):], text
         return piece
 
 
@@ -281,7 +273,7 @@ class AsyncEngine:
                 request.settle(EngineDeadError(f"could not encode the prompt ({type(exc).__name__}: {exc})"))
                 return
             request.seq = seq
-            request.deltas = TextDeltas(request.params.stop)
+            request.deltas = TextDeltas()
             self._live[seq.seq_id] = request
             request.settle(None)
             self._publish()
@@ -290,7 +282,7 @@ class AsyncEngine:
             self._forget(request, time.perf_counter())
 
     def _deliver(self, request: _Request, seq: Sequence, now: float) -> None:
-        text = request.deltas(self.engine.output_text(seq), seq.is_finished)
+        text = request.deltas(self.engine.output_text(seq))
         n = len(seq.output_ids) - request.sent_tokens
         request.sent_tokens = len(seq.output_ids)
         if seq.is_finished:

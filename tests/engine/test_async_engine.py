@@ -8,9 +8,12 @@ import asyncio
 import pytest
 
 from specdec.config import SamplingParams
-from specdec.engine.async_engine import AsyncEngine, EngineDeadError, OverloadedError, TextDeltas
+from specdec.api import LLM
+from specdec.engine.async_engine import AsyncEngine, EngineDeadError, OverloadedError
 from specdec.errors import PromptTooLongError
+from specdec.models.loader import LoadedModel
 from specdec.models.tokenizer import ByteTokenizer
+from tests.helpers import tiny_model
 from tests.server.harness import tiny_llm
 
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
@@ -28,19 +31,40 @@ def blocks_in_use(engine: AsyncEngine) -> int:
     return pool.num_blocks - pool.num_free
 
 
-def test_text_deltas_hold_back_half_characters():
-    tok = ByteTokenizer(300)
-    ids = tok.encode("a€b")  # '€' is three bytes
-    cut = TextDeltas(())
-    pieces = [cut(tok.decode(ids[:n]), finished=n == len(ids)) for n in range(1, len(ids) + 1)]
-    assert pieces == ["a", "", "", "€", "b"]
+def byte_engine() -> AsyncEngine:
+    """A tiny random model over a byte tokenizer: its output is full of half and invalid UTF-8 characters."""
+    loaded = LoadedModel(tiny_model(11, vocab=300), ByteTokenizer(300), "tiny-bytes")
+    llm = LLM.from_loaded(loaded)
+    engine = AsyncEngine(llm.engine, llm.encode)
+    engine.start()
+    return engine
 
 
-def test_text_deltas_hold_back_what_could_start_a_stop_string():
-    cut = TextDeltas(("END",))
-    assert cut("abcE", False) == "ab"  # 'cE' could become 'END'
-    assert cut("abcEN", False) == "c"
-    assert cut("abc", True) == "" and cut.sent == "abc"  # the engine cut the stop string off: nothing contradicts
+async def pieces(engine: AsyncEngine, params: SamplingParams) -> tuple[list[str], str]:
+    deltas = [d async for d in await engine.submit([40, 41, 42], params, chat=False)]
+    return [d.text for d in deltas], deltas[-1].output.text
+
+
+def test_streamed_pieces_add_up_to_the_final_text_through_multibyte_characters():
+    engine = byte_engine()
+    try:
+        sent, final = asyncio.run(pieces(engine, SamplingParams(max_new_tokens=80, temperature=0.0)))
+    finally:
+        engine.shutdown()
+    assert any(ord(c) > 127 for c in final)  # the output really has multi-byte characters (or U+FFFD)
+    assert "".join(sent) == final
+
+
+def test_no_piece_of_a_stop_string_is_streamed_before_the_cut():
+    engine = byte_engine()
+    try:
+        _, free = asyncio.run(pieces(engine, SamplingParams(max_new_tokens=80, temperature=0.0)))
+        stop = free[len(free) // 2: len(free) // 2 + 3]
+        sent, final = asyncio.run(pieces(engine, SamplingParams(max_new_tokens=80, temperature=0.0, stop=(stop,))))
+    finally:
+        engine.shutdown()
+    assert final == free[: free.index(stop)]
+    assert "".join(sent) == final
 
 
 def test_concurrent_submits_match_the_engine_run_alone():
