@@ -51,6 +51,7 @@ class Record:
     gaps: list[float] = field(default_factory=list)  # per-token latencies after the first token
     tau: float | None = None
     error: str | None = None
+    text: str = ""
 
 
 def start_server(name: str, cmd: list[str], env: dict) -> tuple[subprocess.Popen, str]:
@@ -89,6 +90,8 @@ async def one_request(client: openai.AsyncOpenAI, model: str, prompt: str, max_t
                                                      stream=True)
         async for chunk in stream:
             now = time.perf_counter()
+            if chunk.choices:
+                rec.text += (chunk.choices[0].delta.content if chat else chunk.choices[0].text) or ""
             extra = (chunk.model_extra or {}).get("specdec") or {}
             n = extra.get("num_tokens")
             if n is None:  # a peer without the extension: one token per content chunk
@@ -244,8 +247,11 @@ def main() -> None:
                 names = list(servers) if (i + repeat) % 2 == 0 else list(servers)[::-1]
                 for name in names:
                     runs[name].append(asyncio.run(run_load(servers[name][1], chosen, delays, args)))
+            base = next(iter(servers))
             for name in servers:
                 results[name][rate] = s = summarise(runs[name], args.slo_ttft, args.slo_tpot)
+                pairs = [(a.text, b.text) for run_a, run_b in zip(runs[name], runs[base]) for a, b in zip(run_a, run_b)]
+                s["same_text_as_plain"] = sum(a == b for a, b in pairs) / len(pairs)
                 print(f"rate {rate:>4} {name:<24} ITL p50 {s['itl_p50'] * 1000:6.1f} ms  p99 "
                       f"{s['itl_p99'] * 1000:6.1f}  TTFT p50 {s['ttft_p50'] * 1000:7.1f} ms  "
                       f"{s['output_tok_s']:6.1f} tok/s  goodput {s['goodput_req_s']:.2f} req/s  "
@@ -265,7 +271,8 @@ def main() -> None:
 def write_table(results: dict, rates: list[str], args: argparse.Namespace, path: Path) -> None:
     base = next(iter(results))
     lines = ["| rate (req/s) | method | ITL p50 ms | ITL p99 ms | TPOT p50 ms | TTFT p50 ms | TTFT p99 ms | "
-             "output tok/s | goodput req/s | tau | ITL p50 vs plain | tok/s vs plain |", "|" + "---|" * 12]
+             "output tok/s | goodput req/s | tau | ITL p50 vs plain | tok/s vs plain | same text as plain |",
+             "|" + "---|" * 13]
     for rate in rates:
         for name, by_rate in results.items():
             s, b = by_rate[rate], results[base][rate]
@@ -273,7 +280,8 @@ def write_table(results: dict, rates: list[str], args: argparse.Namespace, path:
             lines.append(f"| {rate} | {label} | {s['itl_p50'] * 1000:.1f} | {s['itl_p99'] * 1000:.1f} | "
                          f"{s['tpot_p50'] * 1000:.1f} | {s['ttft_p50'] * 1000:.0f} | {s['ttft_p99'] * 1000:.0f} | "
                          f"{s['output_tok_s']:.1f} | {s['goodput_req_s']:.2f} | {s['tau'] or 0:.2f} | "
-                         f"{_ratio(b['itl_p50'], s['itl_p50'])} | {_ratio(s['output_tok_s'], b['output_tok_s'])} |")
+                         f"{_ratio(b['itl_p50'], s['itl_p50'])} | {_ratio(s['output_tok_s'], b['output_tok_s'])} | "
+                         f"{s.get('same_text_as_plain', 0):.0%} |")
     lines.append("")
     lines.append(f"{args.requests} requests per run, {args.repeats} run(s) per method and rate, up to {args.max_tokens} new tokens, greedy, target "
                  f"{args.target} ({args.quantize or 'fp32'}), {args.threads} thread(s) per server; goodput: TTFT <= "
