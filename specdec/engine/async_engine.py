@@ -101,14 +101,27 @@ class _Request:
     aborted: bool = False
     submitted: float = field(default_factory=time.perf_counter)
 
-    def reply(self, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+    def reply(self, item: Any) -> bool:
+        """Hand an item to the caller's loop; False when that loop is gone (the caller can never read it)."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the event loop was closed
+            return False
+        return True
 
     def settle(self, error: BaseException | None) -> None:
         def done() -> None:
-            if self.accepted is not None and not self.accepted.done():
-                self.accepted.set_exception(error) if error is not None else self.accepted.set_result(None)
-        self.loop.call_soon_threadsafe(done)
+            if self.accepted is None or self.accepted.done():
+                return
+            if error is None:
+                self.accepted.set_result(None)
+            else:
+                self.accepted.set_exception(error)
+
+        try:
+            self.loop.call_soon_threadsafe(done)
+        except RuntimeError:  # the event loop was closed
+            pass
 
 
 class RequestStream:
@@ -287,8 +300,9 @@ class AsyncEngine:
         request.sent_tokens = len(seq.output_ids)
         if seq.is_finished:
             request.reply(RequestDelta(text, n, now, self._forget(request, now)))
-        elif text or n:
-            request.reply(RequestDelta(text, n, now))
+        elif (text or n) and not request.reply(RequestDelta(text, n, now)):
+            self.engine.abort(seq.seq_id)  # its caller's event loop is gone: nobody will read the rest
+            self._forget(request, now)
 
     def _forget(self, request: _Request, now: float) -> RequestOutput:
         """Drop a finished or aborted request from every table (the engine keeps no finished sequences)."""

@@ -4,6 +4,7 @@ refused, and streamed text is cut only where it is final."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -180,3 +181,22 @@ def test_an_engine_bug_fails_its_requests_and_the_loop_serves_on():
         engine.shutdown()
     assert len(after.token_ids) == GREEDY.max_new_tokens
     assert blocks_in_use(engine) == 0
+
+
+def test_a_caller_whose_event_loop_closed_has_its_request_aborted():
+    engine, _ = make()
+
+    async def submit_and_leave():
+        return await engine.submit([5, 6, 7], SamplingParams(max_new_tokens=200, temperature=0.0), chat=False)
+
+    try:
+        kept = asyncio.run(submit_and_leave())  # never iterated; its loop is closed now
+        deadline = 500
+        while (engine._live or blocks_in_use(engine)) and deadline:
+            time.sleep(0.01)
+            deadline -= 1
+        assert not engine._live and blocks_in_use(engine) == 0
+        assert engine._thread.is_alive()  # the engine thread survived the closed loop
+        assert kept is not None
+    finally:
+        engine.shutdown()
