@@ -26,9 +26,10 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 def _register() -> None:
-    from specdec.cli import bench, generate, models, train
+    from specdec.cli import bench, generate, models, serve, train
 
     app.command()(generate.generate)
+    app.command()(serve.serve)
     app.command()(models.models)
     app.command()(bench.bench)
     app.add_typer(train.train_app, name="train", help="Train drafters for a target (self-distillation).")
