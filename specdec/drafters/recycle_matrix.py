@@ -1,0 +1,124 @@
+"""The Token Recycling adjacency matrix (Luo et al., 2024): for every token, the k tokens the target ranked
+highest the last time it ran after that token.
+
+Why it works. Every verify pass computes the target's logits at every tree node, accepted or not, and plain
+decoding throws all but one row away. Those rows are good guesses at what follows each node's token next time
+it appears (language repeats its bigrams), so we *recycle* them: after a step, row `t` of a `[V, k]` int32
+matrix gets the top-k of the logits computed at a node whose token is `t`. Drafting is then free: a static
+tree template of ranks is expanded from the root by lookups, level by level, with no model call.
+
+Rows never written hold -1; template nodes that land on -1 (and their subtrees) are dropped, so a cold matrix
+drafts nothing rather than garbage. The matrix lives as long as the engine (that is the method: what one
+request taught helps the next), costs exactly `V * k * 4` bytes, and `reset()` forgets everything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from specdec.errors import ConfigError
+
+Choice = tuple[int, ...]
+UNSEEN = -1
+
+
+@dataclass(frozen=True)
+class TemplateLayout:
+    """A static template of rank paths as level-by-level index arrays (node 0 is the root).
+
+    Node n (n >= 1) is rank `ranks[n]` of its parent's row; `levels[d]` lists the nodes at depth d + 1, so a
+    whole level is expanded by one gather.
+    """
+
+    parents: np.ndarray  # [N] int64, parents[0] == -1, parents before children
+    ranks: np.ndarray  # [N] int64, ranks[0] unused (0)
+    levels: tuple[np.ndarray, ...]  # levels[d]: [n_d] int64 node indices at depth d + 1
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.parents.shape[0])
+
+
+@lru_cache(maxsize=64)
+def template_layout(choices: tuple[Choice, ...]) -> TemplateLayout:
+    """Lay out Medusa-style choice paths; every path's parent path must be in the template."""
+    ordered = sorted(set(choices), key=lambda c: (len(c), c))
+    index: dict[Choice, int] = {(): 0}
+    parents, ranks, depths = [-1], [0], [0]
+    for path in ordered:
+        if not path or path[:-1] not in index:
+            raise ConfigError(f"template path {path} has no parent {path[:-1]} in the template")
+        index[path] = len(parents)
+        parents.append(index[path[:-1]])
+        ranks.append(path[-1])
+        depths.append(len(path))
+    depth_arr = np.asarray(depths, dtype=np.int64)
+    levels = tuple(np.flatnonzero(depth_arr == d) for d in range(1, int(depth_arr.max()) + 1))
+    return TemplateLayout(np.asarray(parents, dtype=np.int64), np.asarray(ranks, dtype=np.int64), levels)
+
+
+class AdjacencyMatrix:
+    """`[V, k]` int32 successor table, updated from verified logits and expanded along static templates."""
+
+    def __init__(self, vocab_size: int, k: int = 8) -> None:
+        if vocab_size < 2 or k < 1:
+            raise ConfigError(f"an adjacency matrix needs vocab_size >= 2 and k >= 1, got {vocab_size}, {k}")
+        self.k = min(k, vocab_size)
+        self.table = np.full((vocab_size, self.k), UNSEEN, dtype=np.int32)  # [V, k]
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.table.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.table.nbytes)
+
+    def reset(self) -> None:
+        self.table.fill(UNSEEN)
+
+    def update(self, tokens: Tensor, logits: Tensor) -> None:
+        """Write row `tokens[i]` := top-k of `logits[i]` for every i. `tokens [N] int`, `logits [N, V]`.
+
+        When a token occurs at several nodes, the last one in the given order wins (callers pass the accepted
+        path last: its context is the one that really happened).
+        """
+        n = int(tokens.shape[0])
+        if n == 0:
+            return
+        if logits.shape[0] != n or logits.shape[-1] != self.vocab_size:
+            raise ConfigError(f"update needs logits [{n}, {self.vocab_size}], got {list(logits.shape)}")
+        top = logits.topk(self.k, dim=-1).indices.to(torch.int32).cpu().numpy()  # [N, k], best first
+        ids = tokens.cpu().numpy().astype(np.int64, copy=False)
+        _, first_in_reversed = np.unique(ids[::-1], return_index=True)
+        last = n - 1 - first_in_reversed  # the last occurrence of each distinct token
+        self.table[ids[last]] = top[last]
+
+    def expand(self, root: int, layout: TemplateLayout, max_depth: int | None = None) -> tuple[list[int], list[int]]:
+        """Tokens and parents of the template filled from `root` (root first), unseen rows pruned.
+
+        Template siblings take distinct ranks of one row, and a row's k entries are distinct, so the result
+        never holds two siblings with the same token.
+        """
+        tokens = np.full(layout.num_nodes, UNSEEN, dtype=np.int64)
+        tokens[0] = root
+        table, parents, ranks = self.table, layout.parents, layout.ranks
+        levels = layout.levels if max_depth is None else layout.levels[:max_depth]
+        for level in levels:
+            up = tokens[parents[level]]
+            ok = (up >= 0) & (ranks[level] < self.k)
+            got = np.full(level.shape[0], UNSEEN, dtype=np.int64)
+            got[ok] = table[up[ok], ranks[level][ok]]
+            tokens[level] = got
+        count = 1 + sum(int(level.shape[0]) for level in levels)
+        keep = np.flatnonzero(tokens[:count] >= 0)  # a pruned parent (-1) makes its children -1 too
+        new_index = np.full(count, -1, dtype=np.int64)
+        new_index[keep] = np.arange(keep.shape[0])
+        new_parents = np.where(parents[keep] >= 0, new_index[np.maximum(parents[keep], 0)], -1)
+        return tokens[keep].tolist(), new_parents.tolist()
+
