@@ -30,7 +30,7 @@ from specdec.config import EngineConfig  # noqa: E402
 from specdec.data import CATEGORIES, bench_prompts  # noqa: E402
 from specdec.experiments import (AcceptanceProfile, expected_accepted_length, measure_acceptance,  # noqa: E402
                                  optimal_tree, save_reports, save_tree)
-from specdec.tree_spec import parse_tree_spec  # noqa: E402
+from specdec.tree.spec import parse_tree_spec  # noqa: E402
 
 
 def pick(split: str, per_category: int) -> list[dict]:

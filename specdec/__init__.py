@@ -8,9 +8,9 @@
 from specdec.api import LLM, StreamDelta
 from specdec.config import EngineConfig, SamplingParams
 from specdec.errors import SpecdecError
-from specdec.outputs import RequestMetrics, RequestOutput
-from specdec.tree import TokenTree
-from specdec.tree_spec import TreeSpec, parse_tree_spec
+from specdec.engine.outputs import RequestMetrics, RequestOutput
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import TreeSpec, parse_tree_spec
 
 __all__ = [
     "LLM", "EngineConfig", "RequestMetrics", "RequestOutput", "SamplingParams", "SpecdecError", "StreamDelta",

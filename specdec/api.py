@@ -13,16 +13,16 @@ from typing import Any, Iterator, Sequence as Seq
 
 import torch
 
-from specdec.adaptive import SpeculationPlanner
+from specdec.engine.planner import SpeculationPlanner
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import DrafterContext
 from specdec.drafters.registry import build_drafter
-from specdec.engine import Engine
+from specdec.engine.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.loader import LoadedModel, load_model
-from specdec.outputs import RequestOutput, metrics_of
-from specdec.sequence import Sequence
-from specdec.tree_spec import TreeSpec, parse_tree_spec
+from specdec.engine.outputs import RequestOutput, metrics_of
+from specdec.engine.sequence import Sequence
+from specdec.tree.spec import TreeSpec, parse_tree_spec
 
 Prompt = str | list[int] | list[dict]  # text, token ids, or chat messages
 

@@ -6,11 +6,11 @@ import torch
 
 from specdec.config import EngineConfig
 from specdec.drafters.base import Drafter
-from specdec.engine import Engine
+from specdec.engine.engine import Engine
 from specdec.models.config import ModelConfig
 from specdec.models.loader import build_model
 from specdec.models.llama import LlamaModel
-from specdec.tree_spec import TreeSpec
+from specdec.tree.spec import TreeSpec
 
 
 def tiny_config(vocab: int = 16, layers: int = 2, hidden: int = 32, heads: int = 4, kv_heads: int = 2) -> ModelConfig:

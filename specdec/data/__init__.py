@@ -1,4 +1,4 @@
-"""Prompt sets: the bench prompts in `bench/prompts/` and the draft-head training corpus.
+"""Prompt sets: the bench prompts in `specdec/data/prompts/` and the draft-head training corpus.
 
 Prompt files are JSON Lines (UTF-8, one JSON object per line). Every object needs a non-empty string
 `"prompt"`; the bench files also carry `"id"`, `"category"`, `"split"` (`"dev"` or `"test"`) and, for
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from specdec.errors import ConfigError, SpecdecError
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / "bench" / "prompts"
+BENCH_DIR = Path(__file__).resolve().parent / "prompts"
 TRAIN_PROMPTS_PATH = Path(__file__).resolve().parent / "train_prompts.jsonl"
 CATEGORIES = ("conversation", "translation", "summarization", "qa", "math", "rag", "code")
 SPLITS = ("dev", "test")
@@ -91,7 +91,7 @@ def bench_prompts(
     """Load the bench prompts, category by category in the given order (default: all of `CATEGORIES`).
 
     `split` keeps only `"dev"` or only `"test"` prompts (default: both). `directory` points at another
-    folder laid out like `bench/prompts/` (one `<category>.jsonl` per category); it defaults to `BENCH_DIR`.
+    folder laid out like `specdec/data/prompts/` (one `<category>.jsonl` per category); it defaults to `BENCH_DIR`.
     """
     root = Path(directory) if directory is not None else BENCH_DIR
     if split is not None and split not in SPLITS:

@@ -13,9 +13,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from specdec.config import EngineConfig
-from specdec.sequence import Sequence
-from specdec.tree import TokenTree
-from specdec.tree_spec import TreeSpec
+from specdec.engine.sequence import Sequence
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import TreeSpec
 from specdec.verifier.result import VerifyResult
 
 

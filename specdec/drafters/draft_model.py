@@ -28,11 +28,11 @@ from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.errors import ConfigError
 from specdec.kvcache import BlockTable
 from specdec.models.llama import LlamaModel
-from specdec.runner import Chunk, ModelRunner
+from specdec.engine.runner import Chunk, ModelRunner
 from specdec.sampling import sample, target_probs
-from specdec.sequence import Sequence
-from specdec.tree import TokenTree
-from specdec.tree_spec import TreeSpec, chain
+from specdec.engine.sequence import Sequence
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import TreeSpec, chain
 from specdec.verifier.result import VerifyResult
 
 DEFAULT_EARLY_EXIT_LAYERS = 6
@@ -202,7 +202,7 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
         raise ConfigError("draft option layers= picks an early-exit draft; it cannot go with a draft model "
                           f"('{model_ref}')")
     if model_ref is None and layers is None:
-        from specdec.drafters.shipped import shipped_draft_dir
+        from specdec.drafters.heads.draft_folder import shipped_draft_dir
 
         shipped = shipped_draft_dir(ctx.target.source)
         if shipped is not None:
@@ -210,7 +210,7 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
     if model_ref is None:
         n = DEFAULT_EARLY_EXIT_LAYERS if layers is None else _layers(layers, target.config.num_layers)
         return DraftModelDrafter(target, ctx.engine, k=k, num_layers=n)
-    from specdec.drafters.shipped import is_draft_folder
+    from specdec.drafters.heads.draft_folder import is_draft_folder
 
     if is_draft_folder(model_ref):
         from pathlib import Path
@@ -234,7 +234,7 @@ def _layers_only_draft(folder: "Path", ctx: DrafterContext) -> LlamaModel:
     target was quantized (and then left alone), and a float head that `quantize_int8_` meets is replaced in
     the draft only, by a copy, so the target's head and the shared embedding are never changed.
     """
-    from specdec.drafters.shipped import load_draft_folder
+    from specdec.drafters.heads.draft_folder import load_draft_folder
 
     draft = load_draft_folder(folder, ctx.target)
     if ctx.quantize == "int8":

@@ -35,18 +35,18 @@ from torch import Tensor
 
 from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterContext
-from specdec.drafters.eagle_checkpoint import default_feature_layers, load_eagle
-from specdec.drafters.eagle_model import EaglePredictor, paged_attend
-from specdec.drafters.eagle_tree import TreeGrowth
+from specdec.drafters.heads.eagle_checkpoint import default_feature_layers, load_eagle
+from specdec.drafters.heads.eagle_model import EaglePredictor, paged_attend
+from specdec.tree.growth import TreeGrowth
 from specdec.drafters.registry import register, reject_unknown
 from specdec.errors import ConfigError, OutOfBlocksError
 from specdec.kvcache import BlockTable, PagedKVCache
 from specdec.models.context import AttentionContext
 from specdec.models.llama import LlamaModel
 from specdec.sampling import sample, target_probs
-from specdec.sequence import Sequence
-from specdec.tree import TokenTree
-from specdec.tree_spec import TreeSpec
+from specdec.engine.sequence import Sequence
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import TreeSpec
 from specdec.verifier.result import VerifyResult
 
 ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
@@ -120,7 +120,7 @@ class EagleDrafter:
         The engine skips the target forward over a cached prefix (a shared system prompt, say), so no features
         come for it; a dense forward recomputes them. The last few prefixes are remembered, since requests
         that share a cached prefix usually share it with many others."""
-        from specdec.training.draft_distill import dense_forward
+        from specdec.training.common import dense_forward
 
         key = tuple(tokens)
         if key not in self._prefix_memo:
@@ -275,7 +275,7 @@ class EagleDrafter:
 # ------------------------------------------------------------------------------------------------ factory
 def shipped_eagle_dir(target_source: str, kind: str = "eagle") -> Path | None:
     """The packaged EAGLE folder (`kind` "eagle" or "eagle3") for a target, or None."""
-    from specdec.drafters.shipped import _alias_of
+    from specdec.drafters.heads.draft_folder import _alias_of
 
     alias = _alias_of(target_source)
     if alias is None:

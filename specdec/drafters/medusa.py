@@ -26,12 +26,12 @@ import torch
 from torch import Tensor
 
 from specdec.drafters.base import DrafterContext
-from specdec.drafters.medusa_heads import MedusaHeads, load_heads, shipped_heads_dir
+from specdec.drafters.heads.medusa_heads import MedusaHeads, load_heads, shipped_heads_dir
 from specdec.drafters.registry import register, reject_unknown
 from specdec.errors import ConfigError
-from specdec.sequence import Sequence
-from specdec.tree import TokenTree
-from specdec.tree_spec import TreeSpec, parse_tree_spec
+from specdec.engine.sequence import Sequence
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import TreeSpec, parse_tree_spec
 from specdec.verifier.result import VerifyResult
 
 STATE_KEY = "medusa_hidden"

@@ -13,9 +13,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from specdec.drafters.base import DrafterContext, StatelessDrafter
 from specdec.drafters.registry import int_arg, register, reject_unknown
-from specdec.sequence import Sequence
-from specdec.tree import TokenTree
-from specdec.tree_spec import TreeSpec, chain
+from specdec.engine.sequence import Sequence
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import TreeSpec, chain
 
 
 class NgramDrafter(StatelessDrafter):

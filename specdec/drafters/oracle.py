@@ -45,10 +45,10 @@ from specdec.drafters.registry import float_arg, int_arg, register, reject_unkno
 from specdec.errors import ConfigError
 from specdec.kvcache import BlockTable
 from specdec.models.llama import LlamaModel
-from specdec.runner import Chunk, ModelRunner
-from specdec.sequence import Sequence
-from specdec.tree import TokenTree
-from specdec.tree_spec import Choice, TreeSpec, chain
+from specdec.engine.runner import Chunk, ModelRunner
+from specdec.engine.sequence import Sequence
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import Choice, TreeSpec, chain
 from specdec.verifier.result import VerifyResult
 
 
@@ -79,7 +79,7 @@ class OracleDrafter:
         Give `max_new_tokens` plus the tree depth, so that proposals in the last steps are covered too.
         """
         from specdec.drafters.none import NoDrafter
-        from specdec.engine import Engine
+        from specdec.engine.engine import Engine
 
         todo = [list(p) for p in {tuple(p): None for p in prompt_ids} if self._covered(p) < num_tokens]
         if not todo:

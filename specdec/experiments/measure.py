@@ -18,9 +18,9 @@ from specdec.drafters.oracle import prepare_oracle
 from specdec.errors import ConfigError
 from specdec.experiments.report import AcceptanceReport, ExperimentSettings
 from specdec.experiments.stats import AcceptanceStats
-from specdec.sequence import Sequence
-from specdec.tree import TokenTree
-from specdec.tree_spec import BUILTIN_TREES, TreeSpec, static
+from specdec.engine.sequence import Sequence
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import BUILTIN_TREES, TreeSpec, static
 from specdec.verifier.result import VerifyResult
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from specdec.models.llama import LlamaModel
-from specdec.training.draft_distill import Corpus, Progress, _no_progress, dense_forward
+from specdec.training.common import Corpus, Progress, _no_progress, dense_forward
 
 
 @dataclass

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specdec.drafters.medusa_heads import MedusaHeads
+from specdec.drafters.heads.medusa_heads import MedusaHeads
 from specdec.errors import ConfigError
-from specdec.training.draft_distill import (
+from specdec.training.common import (
     CORPUS_FILE, Corpus, Progress, TrainSettings, _no_progress, check_run_folder, optimise, save_atomic,
 )
 
@@ -214,7 +214,7 @@ def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any =
                progress: Progress = _no_progress, log: Callable[[str], None] = print) -> tuple[MedusaHeads, dict]:
     """Corpus -> features -> training; returns the trained heads and the numbers for their README."""
     from specdec.models.loader import load_model
-    from specdec.training.draft_distill import obtain_corpus
+    from specdec.training.common import obtain_corpus
 
     if min(cfg.heads, cfg.layers, cfg.steps, cfg.batch_size, cfg.max_prompts, cfg.new_tokens, cfg.val_prompts) < 1:
         raise ConfigError("--heads, --layers, --steps, --batch-size, --max-prompts, --new-tokens and "

@@ -12,16 +12,16 @@ from safetensors.torch import save_file
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import DrafterContext
 from specdec.drafters.eagle import DEFAULT_TREE, EagleDrafter, build_eagle
-from specdec.drafters.eagle_checkpoint import expected_shapes, load_eagle, published_tensors
-from specdec.drafters.eagle_model import EagleConfig
+from specdec.drafters.heads.eagle_checkpoint import expected_shapes, load_eagle, published_tensors
+from specdec.drafters.heads.eagle_model import EagleConfig
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.kvcache import BlockTable
 from specdec.models.dummy import DUMMY_SHAPES, dummy_config
 from specdec.models.loader import LoadedModel
-from specdec.runner import Chunk, ModelRunner
+from specdec.engine.runner import Chunk, ModelRunner
 from specdec.sampling import make_generator
-from specdec.sequence import Sequence
-from specdec.tree_spec import chain, parse_tree_spec
+from specdec.engine.sequence import Sequence
+from specdec.tree.spec import chain, parse_tree_spec
 from specdec.training.eagle import init_predictor
 from tests.helpers import run_all, tiny_engine, tiny_model
 

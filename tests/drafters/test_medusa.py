@@ -13,12 +13,12 @@ from specdec.api import LLM
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import DrafterContext
 from specdec.drafters.medusa import STATE_KEY, MedusaDrafter, best_first_tree
-from specdec.drafters.medusa_heads import MedusaHeads, load_heads, save_heads
+from specdec.drafters.heads.medusa_heads import MedusaHeads, load_heads, save_heads
 from specdec.drafters.registry import build_drafter
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.dummy import DUMMY_SHAPES
 from specdec.models.loader import LoadedModel
-from specdec.tree_spec import BUILTIN_TREES, chain, parse_tree_spec
+from specdec.tree.spec import BUILTIN_TREES, chain, parse_tree_spec
 from tests.helpers import NoTokenizer, run_all, tiny_engine, tiny_model
 
 SHAPE = DUMMY_SHAPES["tiny-llama"]

@@ -12,8 +12,8 @@ from specdec.drafters.base import DrafterContext
 from specdec.drafters.ngram import NgramDrafter, find_continuations, trie_tree
 from specdec.drafters.registry import build_drafter
 from specdec.errors import ConfigError
-from specdec.sequence import Sequence
-from specdec.tree_spec import TreeSpec, chain
+from specdec.engine.sequence import Sequence
+from specdec.tree.spec import TreeSpec, chain
 
 
 def continuations(tokens: list[int], n: int, length: int, branches: int) -> list[list[int]]:

@@ -12,7 +12,7 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.none import NoDrafter
 from specdec.config import EngineConfig
-from specdec.tree_spec import TreeSpec, chain
+from specdec.tree.spec import TreeSpec, chain
 from tests.helpers import run_all, tiny_engine, tiny_model
 
 VOCAB = 64
@@ -80,7 +80,7 @@ def test_outputs_under_preemption_equal_each_request_alone(model, requests_and_e
 
 def test_chunked_prefill_gives_the_same_logits_as_one_prefill(model):
     from specdec.kvcache import BlockTable
-    from specdec.runner import Chunk, ModelRunner
+    from specdec.engine.runner import Chunk, ModelRunner
     import torch
 
     prompt = list(range(40))

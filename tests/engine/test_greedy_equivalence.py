@@ -46,7 +46,7 @@ def assert_same_or_near_tie(llm, prompt: str, plain: list[int], spec: list[int])
     first = next(i for i, (a, b) in enumerate(zip(plain, spec)) if a != b)
     ids = llm.encode(prompt) + plain[:first]
     llm.use("none")
-    from specdec.runner import Chunk
+    from specdec.engine.runner import Chunk
     from specdec.kvcache import BlockTable
 
     runner = llm.engine.runner

@@ -7,8 +7,8 @@ import random
 import torch
 
 from specdec.kvcache import BlockTable
-from specdec.runner import Chunk, ModelRunner
-from specdec.tree import TokenTree
+from specdec.engine.runner import Chunk, ModelRunner
+from specdec.tree.token_tree import TokenTree
 from tests.helpers import tiny_model
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from specdec.errors import ConfigError
 from specdec.experiments import AcceptanceProfile, AcceptanceStats, expected_accepted_length, optimal_tree, save_tree
-from specdec.tree_spec import parse_tree_spec, static
+from specdec.tree.spec import parse_tree_spec, static
 
 # p[depth-1][rank]; depths past the last row reuse it.
 PROFILE = [[0.6, 0.3], [0.5, 0.2], [0.4, 0.1]]

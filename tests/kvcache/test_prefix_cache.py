@@ -12,7 +12,7 @@ from specdec.config import SamplingParams
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.none import NoDrafter
 from specdec.kvcache import BlockTable, PagedKVCache
-from specdec.tree_spec import chain
+from specdec.tree.spec import chain
 from tests.helpers import run_all, tiny_engine, tiny_model
 
 BS = 4

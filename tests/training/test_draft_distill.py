@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specdec.config import SamplingParams
-from specdec.drafters.shipped import is_draft_folder, load_draft_folder, write_draft_folder
+from specdec.drafters.heads.draft_folder import is_draft_folder, load_draft_folder, write_draft_folder
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.loader import LoadedModel, load_model
-from specdec.training.draft_distill import (
+from specdec.training.common import (
     Corpus, DistillConfig, TrainSettings, dense_forward, evaluate, init_draft, load_train_state, run_distillation,
     teacher_topk, trainable_parameters, train_draft,
 )
@@ -51,7 +51,7 @@ def tiny_run(tmp_path):
 
 def test_dense_forward_matches_the_engine_forward():
     from specdec.kvcache import BlockTable
-    from specdec.runner import Chunk, ModelRunner
+    from specdec.engine.runner import Chunk, ModelRunner
 
     model = tiny_model(1, vocab=VOCAB)
     ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
@@ -186,7 +186,7 @@ def test_a_whole_run_on_a_dummy_target_writes_a_draft_the_engine_can_use(tmp_pat
 @pytest.mark.slow
 def test_plain_draft_uses_the_shipped_distilled_draft_for_the_default_model(default_model):
     from specdec.api import LLM
-    from specdec.drafters.shipped import shipped_draft_dir
+    from specdec.drafters.heads.draft_folder import shipped_draft_dir
 
     if shipped_draft_dir("smollm2-135m") is None:
         pytest.skip("no shipped draft for smollm2-135m in this checkout")

@@ -3,8 +3,8 @@
 import torch
 
 from specdec.kvcache import BlockTable
-from specdec.runner import Chunk, ModelRunner
-from specdec.training.draft_distill import Corpus
+from specdec.engine.runner import Chunk, ModelRunner
+from specdec.training.common import Corpus
 from specdec.training.features import record_features
 from tests.helpers import tiny_model
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specdec.drafters.medusa_heads import MedusaHeads, load_heads, save_heads
+from specdec.drafters.heads.medusa_heads import MedusaHeads, load_heads, save_heads
 from specdec.errors import ConfigError
 from specdec.models.loader import LoadedModel
-from specdec.training.draft_distill import Corpus, TrainSettings, save_atomic
+from specdec.training.common import Corpus, TrainSettings, save_atomic
 from specdec.training.medusa import (
     HeadFeatures, MedusaConfig, head_batch, head_features, head_losses, optimal_tree, run_medusa, train_heads,
 )
@@ -83,7 +83,7 @@ def test_optimal_tree_follows_the_accuracy_table():
 
 
 def test_cli_reports_a_missing_corpus_in_one_line(tmp_path):
-    from specdec.training.cli import train_app
+    from specdec.cli.train import train_app
 
     result = CliRunner().invoke(train_app, ["medusa", "--target", "dummy:tiny-llama", "--corpus",
                                             str(tmp_path / "missing.pt"), "--out", str(tmp_path / "run")])

@@ -19,9 +19,9 @@ from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.config import EngineConfig
 from specdec.kvcache import BlockTable
-from specdec.runner import Chunk, ModelRunner
+from specdec.engine.runner import Chunk, ModelRunner
 from specdec.sampling import target_probs
-from specdec.tree_spec import TreeSpec, chain
+from specdec.tree.spec import TreeSpec, chain
 from specdec.verifier import rules
 from tests.helpers import run_all, tiny_engine, tiny_model
 
@@ -123,7 +123,7 @@ def test_planted_wrong_acceptance_rule_is_caught(models, monkeypatch):
         return original(swapped, flipped_probs, generator)
 
     original = rules.verify_stochastic
-    monkeypatch.setattr("specdec.engine.verify_stochastic", wrong_rule)
+    monkeypatch.setattr("specdec.engine.engine.verify_stochastic", wrong_rule)
     params = SamplingParams(temperature=1.0)
     counts = sampled_joint(target, draft_drafter(draft), chain(2), params)
     p = chi_square_p_value(counts, exact_joint(target, params))

@@ -10,9 +10,9 @@ import torch
 
 from specdec.config import SamplingParams
 from specdec.drafters.medusa import MedusaDrafter
-from specdec.drafters.medusa_heads import MedusaHeads
-from specdec.tree import TokenTree
-from specdec.tree_spec import parse_tree_spec
+from specdec.drafters.heads.medusa_heads import MedusaHeads
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import parse_tree_spec
 from specdec.verifier.typical import typical_floor, verify_typical
 from tests.helpers import run_all, tiny_engine, tiny_model
 

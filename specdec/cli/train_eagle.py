@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from specdec.errors import ConfigError, SpecdecError
-from specdec.training.cli import console, err_console, train_app
+from specdec.cli.train import console, err_console, train_app
 
 _LABELS = {"generate": "generating answers (tokens)", "features": "target features (sequences)",
            "labels": "target labels (sequences)", "train": "training the predictor (steps)"}

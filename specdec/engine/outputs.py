@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from specdec.sequence import Sequence
+from specdec.engine.sequence import Sequence
 
 
 @dataclass(frozen=True)

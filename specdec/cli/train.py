@@ -1,6 +1,6 @@
 """`specdec train ...`: the training commands (wired into the main CLI with `app.add_typer(train_app, name="train")`).
 
-Also runnable alone: `python -m specdec.training.cli draft --out runs/draft`.
+Also runnable alone: `python -m specdec.cli.train draft --out runs/draft`.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def draft(
     """Distill a small draft model from the target; writes OUT/draft (config, bf16 weights, README)."""
     import torch
 
-    from specdec.training.draft_distill import DistillConfig
+    from specdec.training.common import DistillConfig
 
     try:
         if threads:
@@ -96,7 +96,7 @@ def _run(cfg, out: Path, resume: bool, eval_per_category: int) -> None:
     import time
 
     from specdec.drafters.draft_model import DEFAULT_EARLY_EXIT_LAYERS
-    from specdec.training.draft_distill import heldout_tau, render_readme, run_distillation
+    from specdec.training.common import heldout_tau, render_readme, run_distillation
     from specdec.training.progress import load_target, stage_bars
 
     started = time.perf_counter()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from specdec.config import EngineConfig
 from specdec.kvcache import PagedKVCache
-from specdec.sequence import Sequence, Status
+from specdec.engine.sequence import Sequence, Status
 
 
 @dataclass

@@ -10,9 +10,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from bench.report import HF_PLAIN, PLAIN
-from bench.suite import QUICK, resolve_options
-from specdec.cli import app
+from specdec.benchmarks.report import HF_PLAIN, PLAIN
+from specdec.benchmarks.suite import QUICK, resolve_options
+from specdec.cli.app import app
 from specdec.errors import ConfigError
 
 
@@ -76,9 +76,9 @@ def test_quick_bench_plain_decodes_agree(quick_run) -> None:
 
 def test_hf_assistant_is_our_shipped_draft(default_model, hf_default_model) -> None:
     """The assisted-generation peer drafts with the same network as our `draft` drafter."""
-    from bench.peers import hf_assistant
-    from specdec.drafters.shipped import load_draft_folder, shipped_draft_dir
-    from specdec.training.draft_distill import dense_forward
+    from specdec.benchmarks.peers import hf_assistant
+    from specdec.drafters.heads.draft_folder import load_draft_folder, shipped_draft_dir
+    from specdec.training.common import dense_forward
 
     folder = shipped_draft_dir("smollm2-135m")
     assert folder is not None
@@ -110,7 +110,7 @@ def test_options_quick_defaults_and_overrides() -> None:
 
 def test_acceptance_by_depth_pools_counts_not_ratios() -> None:
     """alpha_d over several runs is total accepted / total proposed at depth d, as the engine defines it."""
-    from bench.runs import DepthCounter, Run, acceptance_by_depth
+    from specdec.benchmarks.runs import DepthCounter, Run, acceptance_by_depth
 
     counter = DepthCounter()
     tree = type("Tree", (), {"depth": torch.tensor([0, 1, 2, 3])})()

@@ -71,7 +71,7 @@ def generate(
                               enable_prefix_caching=prefix_caching, acceptance=acceptance)
         llm = _load(target, device, dtype, quantize, drafter, tree, config, threads)
         if prompts_file is not None:
-            from specdec.batch_cli import run_batch
+            from specdec.cli.batch import run_batch
 
             run_batch(llm, prompts_file, output, params, chat, console)
         elif as_json:
@@ -164,7 +164,7 @@ def bench(
     prompts_per_category: Optional[int] = typer.Option(None, help="Prompts per category (default 2; --quick 1)."),
     categories: Optional[str] = typer.Option(None, help="Comma-separated (default: Spec-Bench's six)."),
     split: str = typer.Option("test", help="Prompt split: test or dev."),
-    out: Optional[Path] = typer.Option(None, help="Output folder (default bench/results/suite)."),
+    out: Optional[Path] = typer.Option(None, help="Output folder (default runs/bench-suite under the working directory)."),
     quick: bool = typer.Option(False, help="CI size: 1 prompt per category, 16 tokens, none + ngram, 2 peers."),
 ) -> None:
     """Bench suite: our plain decode and drafters vs transformers, per Spec-Bench category (code in bench/)."""
@@ -177,22 +177,14 @@ def bench(
 
 
 def _bench_suite():
-    """bench/suite.py lives in the source checkout, next to the package, not inside the installed package."""
-    import importlib
+    """The suite lives in the package (`specdec.benchmarks`); only its optional peers need the bench extra."""
+    from specdec.benchmarks import suite
 
-    import specdec
-
-    root = Path(specdec.__file__).resolve().parents[1]
-    if not (root / "bench" / "suite.py").is_file():
-        fail(f"`specdec bench` runs from a source checkout: {root / 'bench' / 'suite.py'} is missing "
-             "(clone the repository and install it with `pip install -e .[bench]`)")
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    return importlib.import_module("bench.suite")
+    return suite
 
 
 def _add_subcommands() -> None:
-    from specdec.training.cli import train_app
+    from specdec.cli.train import train_app
 
     app.add_typer(train_app, name="train", help="Train draft models for a target (self-distillation).")
 

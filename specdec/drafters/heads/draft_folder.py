@@ -24,7 +24,7 @@ from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.config import ModelConfig
 from specdec.models.llama import LlamaModel
 
-ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets" / "drafts"
+ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets" / "drafts"
 WEIGHTS_FILE = "model.safetensors"
 META_FILE = "specdec_draft.json"
 _SHAPE_FIELDS = ("hidden_size", "vocab_size", "num_heads", "num_kv_heads", "head_dim")

@@ -7,10 +7,10 @@ stories; 3-4 numbered retrieved documents). Nothing is copied from a public data
 
 Output is deterministic: every random choice comes from `random.Random` seeded per category, and the file is
 written in a fixed order with ids `train-0001`, `train-0002`, ... Generation fails if any prompt repeats, or
-if any prompt matches a bench prompt in `bench/prompts/` (the bench must stay held out).
+if any prompt matches a bench prompt in `specdec/data/prompts/` (the bench must stay held out).
 
-    python -m specdec.data.make_train_prompts           # rewrite train_prompts.jsonl
-    python -m specdec.data.make_train_prompts --check   # exit 1 if the file is not what this script writes
+    python tools/make_train_prompts.py           # rewrite train_prompts.jsonl
+    python tools/make_train_prompts.py --check   # exit 1 if the file is not what this script writes
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 from specdec.data import bench_prompts
 
-OUTPUT = Path(__file__).resolve().parent / "train_prompts.jsonl"
+OUTPUT = Path(__file__).resolve().parents[1] / "specdec" / "data" / "train_prompts.jsonl"
 SEED = 1357
 
 # --------------------------------------------------------------------------------------------------------
@@ -1491,7 +1491,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         current = args.output.read_text(encoding="utf-8") if args.output.is_file() else None
         if current != text:
-            print(f"{args.output} is stale; rerun: python -m specdec.data.make_train_prompts", file=sys.stderr)
+            print(f"{args.output} is stale; rerun: python tools/make_train_prompts.py", file=sys.stderr)
             return 1
         return 0
     args.output.write_text(text, encoding="utf-8")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from bench.runs import Run
+from specdec.benchmarks.runs import Run
 
 PROMPT_LOOKUP_TOKENS = 5  # the value transformers' docs use; NOTES.md measured it on this model
 PEER_NAMES = ("generate", "prompt-lookup", "assisted")
@@ -72,7 +72,7 @@ def hf_assistant(target, draft_folder: Path):
     from safetensors.torch import load_file
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specdec.drafters.shipped import WEIGHTS_FILE
+    from specdec.drafters.heads.draft_folder import WEIGHTS_FILE
 
     config = LlamaConfig.from_pretrained(str(draft_folder))
     config.tie_word_embeddings = False  # the head is the target's module, set below

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from specdec.tree import TokenTree
-from specdec.tree_spec import TreeSpec
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import TreeSpec
 
 
 class TreeGrowth:

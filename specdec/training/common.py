@@ -222,7 +222,7 @@ def init_draft(target: LlamaModel, layers: int, init_from: tuple[int, ...] | Non
     expects a residual stream 29 layers deep, and with it the untrained draft's KL is 65 nats instead of 15."""
     from dataclasses import replace
 
-    from specdec.drafters.shipped import share_target_head
+    from specdec.drafters.heads.draft_folder import share_target_head
     from specdec.models.loader import build_model
 
     total = target.config.num_layers
@@ -481,7 +481,7 @@ def run_distillation(cfg: DistillConfig, out: Path, resume: bool = False, loaded
     """Corpus -> teacher -> training -> the draft folder `out/draft`; returns the numbers for its README."""
     from specdec.api import LLM
     from specdec.config import EngineConfig
-    from specdec.drafters.shipped import write_draft_folder
+    from specdec.drafters.heads.draft_folder import write_draft_folder
     from specdec.models.loader import load_model
 
     torch.manual_seed(cfg.seed)
@@ -600,7 +600,7 @@ def render_readme(meta: dict[str, Any]) -> str:
     if h:
         lines += [
             f"- held-out tau (mean tokens per target step, bonus counted; greedy, `{h['tree']}`, "
-            f"{h['prompts']} prompts of `bench/prompts` split `{h['split']}`, {h['per_category']} per category, "
+            f"{h['prompts']} prompts of `specdec/data/prompts` split `{h['split']}`, {h['per_category']} per category, "
             f"{h['new_tokens']} new tokens): distilled **{h['tau_distilled']:.3f}** vs early-exit "
             f"(`{h['early_exit_spec']}`) {h['tau_early_exit']:.3f}",
         ]

@@ -27,7 +27,7 @@ from specdec.errors import ModelLoadError
 SAFETENSORS_FILE = "medusa_lm_head.safetensors"
 PT_FILE = "medusa_lm_head.pt"
 CONFIG_FILE = "config.json"
-ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets" / "medusa"
+ASSETS_DIR = Path(__file__).resolve().parents[2] / "assets" / "medusa"
 
 
 class MedusaHeads(nn.Module):
@@ -88,7 +88,7 @@ def _input_dtype(module: nn.Module, fallback: torch.dtype) -> torch.dtype:
 # ------------------------------------------------------------------------------------------------ loading
 def shipped_heads_dir(target_name: str) -> Path | None:
     """The packaged heads for a target (an alias, or the folder an alias was converted into), or None."""
-    from specdec.drafters.shipped import _alias_of
+    from specdec.drafters.heads.draft_folder import _alias_of
 
     alias = _alias_of(target_name)
     if alias is None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec.errors import ConfigError
-from specdec.tree import TokenTree, validate_parents
+from specdec.tree.token_tree import TokenTree, validate_parents
 
 #   A branched tree, by hand (node: token):
 #

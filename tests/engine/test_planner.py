@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.adaptive import SpeculationPlanner, StepCost
+from specdec.engine.planner import SpeculationPlanner, StepCost
 from specdec.config import SamplingParams
-from specdec.sequence import Sequence
-from specdec.tree_spec import chain, parse_tree_spec
+from specdec.engine.sequence import Sequence
+from specdec.tree.spec import chain, parse_tree_spec
 
 
 def seq(i: int, accepted_by_depth: list[int] = (), proposed_by_depth: list[int] = (), **params) -> Sequence:

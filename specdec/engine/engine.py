@@ -18,17 +18,17 @@ from typing import Any, Callable
 
 import torch
 
-from specdec.adaptive import SpeculationPlanner
+from specdec.engine.planner import SpeculationPlanner
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import Drafter
 from specdec.errors import OutOfBlocksError, PromptTooLongError
 from specdec.models.llama import LlamaModel
-from specdec.runner import Chunk, ModelRunner
+from specdec.engine.runner import Chunk, ModelRunner
 from specdec.sampling import make_generator, sample, target_probs
-from specdec.scheduler import Scheduler, prefill_target
-from specdec.sequence import Sequence, Status
-from specdec.tree import TokenTree
-from specdec.tree_spec import TreeSpec
+from specdec.engine.scheduler import Scheduler, prefill_target
+from specdec.engine.sequence import Sequence, Status
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import TreeSpec
 from specdec.verifier import VerifyResult, verify_greedy, verify_stochastic
 
 

@@ -13,7 +13,7 @@ TINY = ["--target", "dummy:tiny-llama", "--no-chat"]
 
 
 def specdec(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "specdec.cli.app", *args], capture_output=True, text=True,
                           timeout=600, env={**os.environ, "COLUMNS": "200", **(env or {})})
 
 

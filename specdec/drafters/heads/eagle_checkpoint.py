@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from specdec.drafters.eagle_model import EagleConfig, EaglePredictor
+from specdec.drafters.heads.eagle_model import EagleConfig, EaglePredictor
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.config import ModelConfig
 
@@ -239,7 +239,7 @@ def write_eagle(model: EaglePredictor, folder: Path, meta: dict[str, Any], publi
 
 
 def _hf_config(config: EagleConfig, dtype: torch.dtype, published: bool) -> dict[str, Any]:
-    from specdec.drafters.shipped import hf_config
+    from specdec.drafters.heads.draft_folder import hf_config
 
     raw = hf_config(replace(config.layer, num_layers=1), dtype)
     raw.pop("tie_word_embeddings", None)

@@ -48,3 +48,13 @@ class DepthCounter:
         depth = int(tree.depth.max())
         self.proposed = add_lists(self.proposed, [1] * depth)
         self.accepted = add_lists(self.accepted, [1] * min(result.num_accepted_drafts, depth))
+
+
+def parse_methods(text: str) -> list[tuple[str, str | None]]:
+    """`"ngram|chain:k=5;draft"` -> [("ngram", "chain:k=5"), ("draft", None)]: methods separated by ';',
+    a '|' between a drafter spec and its tree spec."""
+    parsed = []
+    for method in filter(None, (m.strip() for m in text.split(";"))):
+        drafter, _, tree = method.partition("|")
+        parsed.append((drafter.strip(), tree.strip() or None))
+    return parsed

@@ -9,7 +9,7 @@ import pytest
 
 from specdec.errors import ConfigError
 from specdec.spec_strings import parse_spec
-from specdec.tree_spec import BUILTIN_TREES, TreeSpec, parse_tree_spec, static
+from specdec.tree.spec import BUILTIN_TREES, TreeSpec, parse_tree_spec, static
 
 
 def test_chain_spec_sets_depth_and_budget_to_k():

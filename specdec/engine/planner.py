@@ -35,8 +35,8 @@ import bisect
 import heapq
 import math
 
-from specdec.sequence import Sequence
-from specdec.tree_spec import TreeSpec
+from specdec.engine.sequence import Sequence
+from specdec.tree.spec import TreeSpec
 
 PRIOR_WEIGHT = 4.0  # steps of evidence the drafter-wide estimate counts for in a sequence's own estimate
 PRIOR_BETA = 0.5  # P(accept depth 1) before any evidence

@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
-from bench.runs import acceptance_by_depth
+from specdec.benchmarks.runs import acceptance_by_depth
 
 PLAIN, HF_PLAIN = "specdec:none", "hf:generate"
 DISPLAY = {  # Spec-Bench's column names

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from specdec.errors import SpecdecError
-from specdec.training.cli import console, err_console, train_app
+from specdec.cli.train import console, err_console, train_app
 
 _LABELS = {"generate": "generating answers (tokens)", "features": "target features (answers)",
            "train": "training the heads (steps)", "eval": "held-out tau (drafters)"}
@@ -66,9 +66,9 @@ def _run(cfg, out: Path, resume: bool, eval_per_category: int, published: bool, 
     import json
     import time
 
-    from specdec.drafters.medusa_heads import save_heads
-    from specdec.training.cli import _eval_prompts
-    from specdec.training.draft_distill import measure_tau
+    from specdec.drafters.heads.medusa_heads import save_heads
+    from specdec.cli.train import _eval_prompts
+    from specdec.training.common import measure_tau
     from specdec.training.medusa import render_readme, run_medusa
     from specdec.training.progress import load_target, stage_bars
 
