@@ -166,6 +166,8 @@ def bench(
     split: str = typer.Option("test", help="Prompt split: test or dev."),
     out: Optional[Path] = typer.Option(None, help="Output folder (default runs/bench-suite under the working directory)."),
     quick: bool = typer.Option(False, help="CI size: 1 prompt per category, 16 tokens, none + ngram, 2 peers."),
+    kv_cache_tokens: Optional[int] = typer.Option(None, help="KV cache per method's engine (default: the engine's; "
+                                                           "smaller lets many methods share a small machine)."),
 ) -> None:
     """Bench suite: our plain decode and drafters vs transformers, per Spec-Bench category (code in bench/)."""
     suite = _bench_suite()

@@ -104,9 +104,12 @@ def merge_trees(proposals: list[ScoredTree], calibration: AcceptanceCalibration,
     return out
 
 
-def observe_verification(merged: MergedTree, accepted_nodes: list[int], calibration: AcceptanceCalibration) -> None:
-    """Count every node the verifier tried (its parent was accepted) and whether it was accepted itself."""
+def observe_verification(merged: MergedTree, accepted_nodes: list[int], calibration: AcceptanceCalibration,
+                         verified: list[int] | None = None) -> None:
+    """Count every node the verifier tried (its parent was accepted) and whether it was accepted itself.
+
+    `verified` lists the merged nodes that were verified, when the engine cut the tree (default: all)."""
     on_path = set(accepted_nodes)
-    for node in range(1, len(merged.tokens)):
-        if merged.parents[node] in on_path:
+    for node in (range(1, len(merged.tokens)) if verified is None else verified):
+        if node and merged.parents[node] in on_path:
             calibration.observe(merged.sources[node], merged.depths[node], merged.raw[node], node in on_path)

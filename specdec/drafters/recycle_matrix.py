@@ -14,6 +14,7 @@ request taught helps the next), costs exactly `V * k * 4` bytes, and `reset()` f
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -63,13 +64,19 @@ def template_layout(choices: tuple[Choice, ...]) -> TemplateLayout:
 
 
 class AdjacencyMatrix:
-    """`[V, k]` int32 successor table, updated from verified logits and expanded along static templates."""
+    """`[V, k]` int32 successor table, updated from verified logits and expanded along static templates.
+
+    Beside each successor it keeps the probability the target gave it when the row was written (`probs`,
+    `[V, k]` float32): a confidence signal that lets `expand_best_first` spend a node budget where the target
+    was sure, instead of on a fixed shape.
+    """
 
     def __init__(self, vocab_size: int, k: int = 8) -> None:
         if vocab_size < 2 or k < 1:
             raise ConfigError(f"an adjacency matrix needs vocab_size >= 2 and k >= 1, got {vocab_size}, {k}")
         self.k = min(k, vocab_size)
         self.table = np.full((vocab_size, self.k), UNSEEN, dtype=np.int32)  # [V, k]
+        self.probs = np.zeros((vocab_size, self.k), dtype=np.float32)  # [V, k] target probability when written
 
     @property
     def vocab_size(self) -> int:
@@ -77,10 +84,11 @@ class AdjacencyMatrix:
 
     @property
     def nbytes(self) -> int:
-        return int(self.table.nbytes)
+        return int(self.table.nbytes + self.probs.nbytes)
 
     def reset(self) -> None:
         self.table.fill(UNSEEN)
+        self.probs.fill(0.0)
 
     def update(self, tokens: Tensor, logits: Tensor) -> None:
         """Write row `tokens[i]` := top-k of `logits[i]` for every i. `tokens [N] int`, `logits [N, V]`.
@@ -93,11 +101,13 @@ class AdjacencyMatrix:
             return
         if logits.shape[0] != n or logits.shape[-1] != self.vocab_size:
             raise ConfigError(f"update needs logits [{n}, {self.vocab_size}], got {list(logits.shape)}")
-        top = logits.topk(self.k, dim=-1).indices.to(torch.int32).cpu().numpy()  # [N, k], best first
+        top = logits.topk(self.k, dim=-1)  # [N, k], best first
+        probs = torch.exp(top.values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True))
         ids = tokens.cpu().numpy().astype(np.int64, copy=False)
         _, first_in_reversed = np.unique(ids[::-1], return_index=True)
         last = n - 1 - first_in_reversed  # the last occurrence of each distinct token
-        self.table[ids[last]] = top[last]
+        self.table[ids[last]] = top.indices.to(torch.int32).cpu().numpy()[last]
+        self.probs[ids[last]] = probs.cpu().numpy()[last]
 
     def expand(self, root: int, layout: TemplateLayout, max_depth: int | None = None) -> tuple[list[int], list[int]]:
         """Tokens and parents of the template filled from `root` (root first), unseen rows pruned.
@@ -121,4 +131,42 @@ class AdjacencyMatrix:
         new_index[keep] = np.arange(keep.shape[0])
         new_parents = np.where(parents[keep] >= 0, new_index[np.maximum(parents[keep], 0)], -1)
         return tokens[keep].tolist(), new_parents.tolist()
+
+    def expand_best_first(self, root: int, budget: int, max_depth: int, min_prob: float = 0.0,
+                          width: int | None = None) -> tuple[list[int], list[int], list[float]]:
+        """The `budget` nodes of highest path probability (product of stored probabilities), root first.
+
+        Returns tokens, parents and each node's stored (conditional) probability. `width` caps the ranks a
+        node may offer; nodes whose path probability falls below `min_prob` are left out. A child never beats
+        its parent (probabilities are at most 1), so growing best-first from the root keeps parents first.
+        """
+        width = self.k if width is None else min(width, self.k)
+        tokens, parents, scores = [root], [-1], [0.0]
+        table, probs = self.table, self.probs
+        heap: list[tuple[float, int, int, int, float]] = []  # (-path prob, order, token, parent node, prob)
+        order = 0
+
+        def offer(node: int, token: int, path: float) -> None:
+            nonlocal order
+            row, row_p = table[token], probs[token]
+            for r in range(width):
+                t = int(row[r])
+                p = float(row_p[r])
+                if t < 0 or path * p < min_prob or p <= 0.0:
+                    break  # ranks are best first: the rest are no better
+                order += 1
+                heapq.heappush(heap, (-path * p, order, t, node, p))
+
+        offer(0, root, 1.0)
+        depth = [0]
+        while heap and len(tokens) - 1 < budget:
+            neg, _, token, parent, p = heapq.heappop(heap)
+            node = len(tokens)
+            tokens.append(token)
+            parents.append(parent)
+            scores.append(p)
+            depth.append(depth[parent] + 1)
+            if depth[node] < max_depth:
+                offer(node, token, -neg)
+        return tokens, parents, scores
 

@@ -123,6 +123,10 @@ class Engine:
             seq.num_computed = seq.table.length
             self._cache_full_blocks(seq)
             results.append(result)
+        if batch.decodes and getattr(self.drafter, "observes_verification", False):
+            # Token Recycling reuses the target's logits at every node; hybrids calibrate on what was accepted.
+            self.drafter.observe_verified(batch.decodes, trees, [out.logits for out in outs[len(batch.prefills):]],
+                                          results)
         if batch.decodes:
             self.drafter.commit(batch.decodes, results)
         t2 = time.perf_counter()
@@ -201,6 +205,17 @@ class Engine:
             m.proposed_by_depth[d] += 1
             m.accepted_by_depth[d] += int(result.num_accepted_drafts > d)
         m.accepted_drafts += result.num_accepted_drafts
+        accepted = result.accepted_nodes[1:]
+        if tree.source is not None:  # several drafters built the tree: remember who proposed each accepted token
+            names = self.drafter.source_names
+            labels = [names[s] for s in tree.source[accepted].tolist()] if accepted else []
+            base = len(seq.output_ids)
+            for j, label in enumerate(labels):
+                m.source_of[base + j] = label
+        else:
+            labels = [self.drafter.name] * len(accepted)
+        for label in labels:
+            m.accepted_by_source[label] = m.accepted_by_source.get(label, 0) + 1
 
     # ------------------------------------------------------------------------------------------- stop checks
     def _emit(self, seq: Sequence, tokens: list[int]) -> None:
