@@ -36,7 +36,8 @@ def generate(
     device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
     quantize: Optional[str] = typer.Option(None, help="int8: dynamic W8A8 linears on CPU."),
-    drafter: str = typer.Option("none", help="none, ngram[:n=3,k=8,branches=1], draft[:<model>|layers=N], ..."),
+    drafter: str = typer.Option("none", help="none, ngram[:n=3,k=8,branches=1], recycle, suffix, "
+                                             "hybrid:suffix+recycle, draft[:<model>|layers=N], ..."),
     tree: Optional[str] = typer.Option(None, help="chain:k=5, static:<name|file>, dynamic:depth=6,topk=8,budget=60."),
     max_new_tokens: int = typer.Option(128, help="Most tokens to generate."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
@@ -94,9 +95,12 @@ def _load(target, device, dtype, quantize, drafter, tree, engine_config, threads
 
 def _stream(llm, prompt: str, params, chat: bool, show_acceptance: bool) -> None:
     final, ids = None, []
+    proposers: dict[str, str] = {}  # hybrid trees: proposer name -> colour
     for delta in llm.stream([prompt], params, chat=chat):
         ids += delta.token_ids
-        if show_acceptance and delta.text:
+        if show_acceptance and delta.text and any(delta.sources):
+            _print_by_source(llm.tokenizer, ids, delta, proposers)
+        elif show_acceptance and delta.text:
             _print_step(llm.tokenizer, ids, delta)
         else:
             console.print(delta.text, end="", markup=False)
@@ -109,7 +113,14 @@ def _stream(llm, prompt: str, params, chat: bool, show_acceptance: bool) -> None
     stats = (f"{m.num_generated} tokens, {m.tokens_per_second:.1f} tok/s, TTFT {m.ttft_s * 1000:.0f} ms, "
              f"tau {m.mean_accepted_tokens:.2f} over {m.target_steps} target steps, finish: {final.finish_reason}")
     err_console.print(f"[dim]{stats}[/]")
-    if show_acceptance:
+    if show_acceptance and m.accepted_by_source:
+        counts = ", ".join(f"{name} {n}" for name, n in sorted(m.accepted_by_source.items(), key=lambda kv: -kv[1]))
+        err_console.print(f"[dim]accepted drafted tokens by proposer: {counts}[/]")
+    if show_acceptance and proposers:
+        legend = " ".join(f"[{c}]{name}[/]" for name, c in proposers.items())
+        err_console.print(f"[dim]colour = the drafter(s) that proposed the token:[/] {legend} [dim](plain: the target's "
+                          "own token)[/]")
+    elif show_acceptance:
         legend = " ".join(f"[{c}]{i + 1}[/]" for i, c in enumerate(STEP_COLOURS))
         err_console.print(f"[dim]colour = tokens emitted by one target step:[/] {legend} "
                           "[dim](underlined: the step's bonus token, sampled from the target)[/]")
@@ -123,6 +134,18 @@ def _print_step(tokenizer, ids: list[int], delta) -> None:
     console.print(drafted, style=colour, end="", markup=False)
     if drafted != delta.text:
         console.print(bonus, style=f"{colour} underline", end="", markup=False)
+
+
+def _print_by_source(tokenizer, ids: list[int], delta, proposers: dict[str, str]) -> None:
+    """A hybrid step's tokens, each coloured by the drafter(s) that proposed it; the target's own tokens plain."""
+    start = len(ids) - len(delta.token_ids)
+    before = tokenizer.decode(ids[:start], skip_special_tokens=True)
+    for i, source in enumerate(delta.sources):
+        text = tokenizer.decode(ids[: start + i + 1], skip_special_tokens=True)
+        piece, before = text[len(before):], text
+        if source and source not in proposers:
+            proposers[source] = STEP_COLOURS[1 + len(proposers) % (len(STEP_COLOURS) - 1)]
+        console.print(piece, style=proposers.get(source, "white"), end="", markup=False)
 
 
 @app.command()

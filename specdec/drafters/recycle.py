@@ -1,18 +1,20 @@
-"""`recycle[:k=8,tree=<template>]`: Token Recycling (Luo et al., 2024), speculation from the target's own
-discarded logits.
+"""`recycle[:k=8,tree=<template>,min_prob=0]`: Token Recycling (Luo et al., 2024), speculation from the target's
+own discarded logits.
 
 Each verify pass computes the target's logits at every tree node; the top-k of each node's row is written into
-the adjacency matrix row of that node's token (`recycle_matrix.py`), and the next tree is that matrix expanded
-along a static template of ranks from the root. Drafting is a handful of array lookups, so every accepted
-token is profit. The matrix belongs to the drafter, i.e. to the engine: it persists across requests (what one
-request taught helps the next), costs `V * k * 4` bytes (1.5 MiB for SmolLM2 at k = 8), and keeps no
-per-sequence state at all, so rollback and preemption leave nothing behind. `reset()` forgets it.
+the adjacency matrix row of that node's token, with the probabilities the target gave them
+(`recycle_matrix.py`), and the next tree is grown from that matrix, from the root, with no model call:
 
-Templates are Medusa-style choice lists (`(0, 1)`: the best successor of the root, then the second best after
-it); `tree=` names one of `RECYCLE_TREES` (chosen by measurement on the dev prompts, see the report) or any
-built-in static tree or JSON file, and the engine's `--tree` overrides it. Dynamic tree specs get the
-`budget` best paths under a rank prior. Proposals are deterministic, i.e. one-hot to the verifier: lossless at
-any temperature.
+* a dynamic tree spec (the default, `dynamic:depth=6,topk=4,budget=8`) grows best-first on the recycled
+  probabilities: the `budget` paths whose product of probabilities is highest, at most `topk` children per
+  node, none below `min_prob`. The budget goes where the target was sure last time;
+* a static spec (`tree=<name|file>`, or `--tree static:...`) expands a fixed template of ranks level by
+  level with vectorised lookups (the paper's method); `chain:k=N` follows rank 0.
+
+The matrix belongs to the drafter, i.e. to the engine: it persists across requests (what one request taught
+helps the next), costs `V * k * 8` bytes (3 MiB for SmolLM2 at k = 8), and keeps no per-sequence state at all,
+so rollback and preemption leave nothing behind. `reset()` forgets it. Proposals are deterministic, i.e.
+one-hot to the verifier: lossless at any temperature.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ def test_a_cold_matrix_drafts_nothing_and_reset_forgets():
     matrix.update(torch.tensor([4]), torch.arange(20, dtype=torch.float32)[None])
     tokens, parents = matrix.expand(4, layout)
     assert tokens == [4, 19, 18] and parents == [-1, 0, 0]  # row 19 unseen: (0, 0) pruned
-    assert matrix.nbytes == 20 * 3 * 4
+    assert matrix.nbytes == 20 * 3 * (4 + 4)  # int32 successors and float32 probabilities
     matrix.reset()
     assert matrix.expand(4, layout) == ([4], [-1])
 
@@ -97,3 +97,44 @@ def test_bad_templates_and_shapes_are_refused():
         template_layout(((0, 0),))
     with pytest.raises(ConfigError):
         AdjacencyMatrix(10, 2).update(torch.tensor([1]), torch.zeros(1, 9))
+
+
+def reference_best_first(matrix: AdjacencyMatrix, root: int, budget: int, depth: int, min_prob: float, width: int):
+    """Every rank path up to `depth` with its product of stored probabilities; the `budget` best above min_prob."""
+    paths = {}
+    frontier = [((), root, 1.0)]
+    for _ in range(depth):
+        nxt = []
+        for ranks, token, prob in frontier:
+            for r in range(width):
+                t, p = int(matrix.table[token, r]), float(matrix.probs[token, r])
+                if t < 0 or p <= 0:
+                    break
+                path_prob = prob * p
+                if path_prob < min_prob:
+                    break
+                key = ranks + (r,)
+                paths[key] = path_prob
+                nxt.append((key, t, path_prob))
+        frontier = nxt
+    return sorted(paths.values(), reverse=True)[:budget]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_best_first_keeps_the_most_probable_paths(seed):
+    gen = torch.Generator().manual_seed(seed)
+    vocab, k = 12, 4
+    matrix = AdjacencyMatrix(vocab, k)
+    seen = torch.randperm(vocab, generator=gen)[:9]
+    matrix.update(seen, torch.randn(9, vocab, generator=gen) * 3)
+    budget, depth, min_prob = int(torch.randint(1, 12, (1,), generator=gen)), 4, [0.0, 0.01][seed % 2]
+    tokens, parents, scores = matrix.expand_best_first(int(seen[0]), budget, depth, min_prob, width=3)
+    assert len(tokens) - 1 <= budget and all(0 <= p < i for i, p in enumerate(parents) if i)
+    path_prob = [1.0]
+    for i in range(1, len(tokens)):
+        row = matrix.table[tokens[parents[i]]].tolist()
+        assert tokens[i] in row[:3], "a node that is not among its parent's recycled successors"
+        assert scores[i] == pytest.approx(float(matrix.probs[tokens[parents[i]], row.index(tokens[i])]))
+        path_prob.append(path_prob[parents[i]] * scores[i])
+    want = reference_best_first(matrix, int(seen[0]), budget, depth, min_prob, width=3)
+    assert sorted(path_prob[1:], reverse=True) == pytest.approx(want)
