@@ -146,7 +146,7 @@ class OursRunner:
             observers.remove(counter)
         m = out.metrics
         return Run(list(out.token_ids), seconds, sum(m.accepted_per_step), m.target_steps, counter.proposed,
-                   counter.accepted)
+                   counter.accepted, m.draft_time_s)
 
 
 def _prepare_oracle(llm: LLM, prompts: list[list[int]], max_new_tokens: int) -> None:

@@ -123,6 +123,7 @@ class Engine:
             seq.num_computed = seq.table.length
             self._cache_full_blocks(seq)
             results.append(result)
+        drafter_s = time.perf_counter()
         if batch.decodes and getattr(self.drafter, "observes_verification", False):
             # Token Recycling reuses the target's logits at every node; hybrids calibrate on what was accepted.
             self.drafter.observe_verified(batch.decodes, trees, [out.logits for out in outs[len(batch.prefills):]],
@@ -130,11 +131,12 @@ class Engine:
         if batch.decodes:
             self.drafter.commit(batch.decodes, results)
         t2 = time.perf_counter()
+        drafter_s = t2 - drafter_s  # the drafter's bookkeeping after verification counts as drafting cost
         if self.planner is not None:  # the whole verify side: forward, verification, KV commit, drafter commit
             self.planner.observe_forward(sum(len(c.tokens) for c in chunks), t2 - t1,
                                          prefill_tokens=sum(n for _, n in batch.prefills))
         for seq, tree, result in zip(batch.decodes, trees, results):
-            self._record(seq, tree, result, t1 - t0, t2 - t1)
+            self._record(seq, tree, result, t1 - t0 + drafter_s, t2 - t1 - drafter_s)
             if self.planner is not None:
                 self.planner.observe_step(int(tree.depth.max()), result.num_accepted_drafts)
             for observer in self.step_observers:
