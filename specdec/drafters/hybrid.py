@@ -51,6 +51,8 @@ class HybridDrafter:
         self._featured = featured[0] if featured else None
         self.feature_layers: tuple[int, ...] = tuple(getattr(self._featured, "feature_layers", ()) or ())
         self._budget, self._depth = budget, depth
+        self._seeded = [d for _, d in parts if getattr(d, "wants_prefill_logits", False)]
+        self.wants_prefill_logits = bool(self._seeded)
         # source_names[mask] names the parts that proposed a node (mask bit i = part i)
         self.source_names = [""] + ["+".join(n for i, (n, _) in enumerate(parts) if mask >> i & 1)
                                     for mask in range(1, 1 << len(parts))]
@@ -100,6 +102,10 @@ class HybridDrafter:
         for _, drafter in self.parts:
             if getattr(drafter, "observes_verification", False):
                 drafter.observe_verified(seqs, trees, logits, results)
+
+    def observe_prefill_logits(self, seq: Sequence, start: int, logits: Tensor | None) -> None:
+        for drafter in self._seeded:
+            drafter.observe_prefill_logits(seq, start, logits)
 
     def observe_prefill(self, seq: Sequence, start: int, features: Tensor) -> None:
         if self._featured is not None:

@@ -45,8 +45,9 @@ class MergedTree:
 
 
 def merge_trees(proposals: list[ScoredTree], calibration: AcceptanceCalibration, budget: int,
-                max_depth: int) -> MergedTree:
-    """Trie union of `proposals` (drafter i = bit i), cut to the `budget` most probable nodes."""
+                max_depth: int, min_prob: float = 0.0) -> MergedTree:
+    """Trie union of `proposals` (drafter i = bit i), cut to the `budget` most probable nodes; nodes whose
+    estimated path probability is below `min_prob` are not worth their verification row and are left out."""
     root = proposals[0].tokens[0] if proposals else 0
     if any(p.tokens[0] != root for p in proposals):
         raise ConfigError("every merged proposal must grow from the same root token")
@@ -88,7 +89,8 @@ def merge_trees(proposals: list[ScoredTree], calibration: AcceptanceCalibration,
             return
         for child in kids[trie_node].values():
             mask, raw, p = conditional(child)
-            heapq.heappush(heap, (-prob * p, child, out_index, mask, raw))
+            if prob * p >= min_prob and p > 0.0:
+                heapq.heappush(heap, (-prob * p, child, out_index, mask, raw))
 
     push_children(0, 0, 1.0)
     while heap and len(out.tokens) - 1 < budget:

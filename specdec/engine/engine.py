@@ -54,6 +54,7 @@ class Engine:
         # Called as observer(seq, tree, result) after each verified step: experiments record trees and accepted
         # paths here without the engine knowing what they measure.
         self.step_observers: list[Callable[[Sequence, TokenTree, VerifyResult], None]] = []
+        self._prefill_logits = bool(getattr(drafter, "wants_prefill_logits", False))
 
     # ----------------------------------------------------------------------------------------------- requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
@@ -109,10 +110,12 @@ class Engine:
         for (seq, n), out in zip(batch.prefills, outs):
             if features:  # a feature drafter builds its own state from the target's features over the prompt
                 self.drafter.observe_prefill(seq, seq.num_computed, out.hidden)
+            if self._prefill_logits:  # Token Recycling seeds its matrix from the prompt's logits
+                self.drafter.observe_prefill_logits(seq, seq.num_computed, out.logits)
             seq.num_computed += n
             self._cache_full_blocks(seq)
             if seq.num_computed == prefill_target(seq) and not seq.output_ids:
-                self._emit(seq, [self._first_token(seq, out.logits[0])])
+                self._emit(seq, [self._first_token(seq, out.logits[-1])])
                 touched.append(seq)
         results = []
         for seq, tree, out in zip(batch.decodes, trees, outs[len(batch.prefills):]):
@@ -172,8 +175,8 @@ class Engine:
     def _prefill_chunk(self, seq: Sequence, n: int) -> Chunk:
         start = seq.num_computed
         done = start + n == prefill_target(seq)
-        return Chunk(seq.table, seq.token_ids[start: start + n], list(range(start, start + n)), None,
-                     "last" if done and not seq.output_ids else "none")
+        rows = "all" if self._prefill_logits else "last" if done and not seq.output_ids else "none"
+        return Chunk(seq.table, seq.token_ids[start: start + n], list(range(start, start + n)), None, rows)
 
     def _fit_context(self, seq: Sequence, tree: TokenTree) -> TokenTree:
         """Drop tree nodes whose position would pass the model's context."""

@@ -85,4 +85,25 @@ def test_recycle_output_equals_plain_greedy_and_keeps_no_sequence_state(model):
     assert all(not s.drafter_state for s in got)
     assert (drafter.matrix.table >= 0).any()
     drafter.reset()
-    assert (drafter.matrix.table < 0).all() and drafter.matrix.nbytes == VOCAB * 4 * 8
+    assert (drafter.matrix.table < 0).all() and (drafter.matrix.pair_keys < 0).all()
+    assert drafter.matrix.nbytes == VOCAB * 4 * 8 + 2 ** 16 * (8 + 4 * 8)  # the memory bound: fixed at build time
+
+
+def test_prefill_seeds_each_prompt_tokens_row_with_the_logits_at_its_position(model):
+    drafter = RecycleDrafter(VOCAB, k=4)
+    engine = tiny_engine(model, drafter, chain(3), prefill_chunk=4)  # chunked: seeding must follow the chunks
+    prompt = [5, 1, 7, 2, 9, 3, 8, 6, 4, 10]
+    engine.add_request(prompt, SamplingParams(max_new_tokens=4, ignore_eos=True))
+    while not any(s.output_ids for s in engine.sequences.values()):
+        engine.step()
+    for i, token in enumerate(prompt):
+        want = torch.sort(dense_next_logits(model, prompt[: i + 1]), descending=True, stable=True).indices[:4]
+        np.testing.assert_array_equal(drafter.matrix.table[token], want.numpy())
+        if i:
+            succ, _ = drafter.matrix.rows(np.array([prompt[i - 1]]), np.array([token]))
+            np.testing.assert_array_equal(succ[0], want.numpy())
+    unseeded = RecycleDrafter(VOCAB, k=4, seed=False)
+    engine = tiny_engine(model, unseeded, chain(3))
+    engine.add_request(prompt, SamplingParams(max_new_tokens=1, ignore_eos=True))
+    run_all(engine)
+    assert (unseeded.matrix.table < 0).all()

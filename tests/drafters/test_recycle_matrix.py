@@ -138,3 +138,48 @@ def test_best_first_keeps_the_most_probable_paths(seed):
         path_prob.append(path_prob[parents[i]] * scores[i])
     want = reference_best_first(matrix, int(seen[0]), budget, depth, min_prob, width=3)
     assert sorted(path_prob[1:], reverse=True) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pair_rows_hold_the_last_write_per_pair_and_fall_back_to_single_rows(seed):
+    gen = torch.Generator().manual_seed(seed)
+    vocab, k = 40, 3
+    matrix = AdjacencyMatrix(vocab, k, pair_bits=4)  # 16 slots: collisions happen and must fall back cleanly
+    single, by_slot = {}, {}
+    for _ in range(5):
+        n = int(torch.randint(1, 10, (1,), generator=gen))
+        tokens = torch.randint(0, 6, (n,), generator=gen)
+        prev = torch.randint(-1, 6, (n,), generator=gen)
+        logits = torch.randn(n, vocab, generator=gen)
+        matrix.update(tokens, logits, prev)
+        for t, b, row in zip(tokens.tolist(), prev.tolist(), logits):
+            top = torch.sort(row, descending=True, stable=True).indices[:k].tolist()
+            single[t] = top
+            if b >= 0:
+                key = b * vocab + t
+                by_slot[int(matrix._slots(np.array([key]))[0])] = (key, top)
+    for b in range(-1, 6):
+        for t in range(6):
+            succ, _ = matrix.rows(np.array([b]), np.array([t]))
+            slot = int(matrix._slots(np.array([b * vocab + t]))[0]) if b >= 0 else None
+            stored = by_slot.get(slot)
+            if stored is not None and stored[0] == b * vocab + t:
+                want = stored[1]
+            else:
+                want = single.get(t, [UNSEEN] * k)
+            assert succ[0].tolist() == want, (b, t)
+
+
+def test_expansions_read_pair_rows_first():
+    matrix = AdjacencyMatrix(10, 2, pair_bits=8)
+    matrix.table[:] = np.array([[(t + 1) % 10, (t + 2) % 10] for t in range(10)])
+    matrix.probs[:] = 0.5
+    matrix.update(torch.tensor([3]), torch.eye(10)[[7]] * 5 + torch.eye(10)[[8]] * 4, prev=torch.tensor([2]))
+    matrix.table[3] = [4, 5]  # the single row of 3 says something else
+    # after (2, 3) the pair row says 7, 8; after (9, 3) the single row says 4, 5
+    assert matrix.expand(3, template_layout(((0,), (1,))), prev=2) == ([3, 7, 8], [-1, 0, 0])
+    assert matrix.expand(3, template_layout(((0,), (1,))), prev=9) == ([3, 4, 5], [-1, 0, 0])
+    tokens, parents, _ = matrix.expand_best_first(3, 2, 1, prev=2)
+    assert sorted(tokens[1:]) == [7, 8]
+    tokens, _ = matrix.expand(2, template_layout(((0,), (0, 0))), prev=9)  # 2 -> 3 (single), then pair (2, 3)
+    assert tokens == [2, 3, 7]
