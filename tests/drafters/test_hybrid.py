@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from specdec.config import EngineConfig, SamplingParams
-from specdec.drafters.base import DrafterContext, StatelessDrafter
+from specdec.drafters.base import DrafterBase, DrafterContext
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.hybrid_merge import ScoredTree
 from specdec.drafters.none import NoDrafter
@@ -64,7 +64,7 @@ def test_hybrid_output_equals_plain_greedy_within_one_budget(model, spec, tree):
     assert tried > 0, "the calibration never saw a verified node"
 
 
-class Scripted(StatelessDrafter):
+class Scripted(DrafterBase):
     """Proposes a chain from a known greedy continuation, shifted by `offset` (0 = always right), claiming
     `score` for every node."""
 
