@@ -1,7 +1,7 @@
 """Speculative sampling must follow the target's processed distribution exactly, whatever the drafter proposes.
 
 Through the real engine (drafter, one target pass, verifier, KV commit), for the draft model, EAGLE, Medusa and
-n-gram drafters, chains and trees of depth 3, at T=1, T=0.7, top-k and top-p, with drafters that are accepted
+n-gram drafters, chains and trees of depth 3, at T=1, T=0.7, T=0.5, top-k and top-p, with drafters that are accepted
 30-70% of the time at depth 1 (so verification decides often, both ways). Each request generates 5 tokens: the
 first from the prefill, and the bonus after a fully accepted first tree still inside the horizon. Two cases
 cut every tree to a random depth each step (0 included), as the adaptive planner may. The samples
