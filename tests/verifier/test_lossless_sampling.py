@@ -122,7 +122,19 @@ def test_a_sample_in_an_impossible_cell_fails_outright():
     assert fit.impossible == 1 and fit.p_value == 0.0
 
 
-def test_rare_cells_are_pooled_until_the_pool_expects_five():
+def test_the_statistic_is_calibrated_on_exact_samples(models, joints):
+    """Samples drawn straight from the exact joint must fail at about the nominal rate, not more often: a
+    statistic that rejects the truth too often would let a test pass only by luck of the seed."""
+    joint = joints(L.T05)
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.multinomial(joint.flatten(), 400 * 2000, replacement=True, generator=gen).view(400, 2000)
+    strides = torch.tensor([L.VOCAB ** (L.HORIZON - 1 - k) for k in range(L.HORIZON)])
+    p_values = [L.goodness_of_fit((d[:, None] // strides) % L.VOCAB, joint).p_value for d in draws]
+    rejected = sum(p < 0.05 for p in p_values)
+    assert rejected <= 40, f"{rejected} of 400 exact samples rejected at 0.05 (expected at most about 20)"
+
+
+def test_rare_cells_are_pooled_until_the_pool_expects_enough():
     """One sample in a cell expected 0.01 times must not fail the test by itself (the pool absorbs it)."""
     expected = torch.tensor([0.01, 0.02, 500.0, 499.97], dtype=torch.float64)
     observed = torch.tensor([1.0, 0.0, 500.0, 499.0], dtype=torch.float64)
