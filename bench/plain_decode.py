@@ -33,6 +33,14 @@ MODES = {  # name: (our dtype, our quantization, transformers dtype to compare w
 }
 
 
+def spread(items: list, n: int) -> list:
+    """`n` items evenly spaced over the whole list (all of them if it is shorter), so a few prompts still
+    come from every category instead of the first one."""
+    if n >= len(items):
+        return list(items)
+    return [items[i * len(items) // n] for i in range(max(n, 0))]
+
+
 def copy_bandwidth(gib: float = 0.5, reps: int = 5) -> float:
     """Bytes per second moved by a large tensor copy (read + write)."""
     src = torch.empty(int(gib * 2**30) // 4, dtype=torch.float32).fill_(1.0)
@@ -93,7 +101,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     modes = [m.strip() for m in args.modes.split(",")]
-    prompts = [p["prompt"] for p in bench_prompts(split="dev")][:: max(1, 98 // max(args.prompts, 1))][: args.prompts]
+    prompts = spread([p["prompt"] for p in bench_prompts(split="dev")], args.prompts)
     bandwidth = copy_bandwidth()
     rows = []
     for mode in modes:

@@ -172,7 +172,9 @@ def write_outputs(options, methods: list[dict], records: list[dict], environment
     (out / "suite.json").write_text(json.dumps(result, indent=2) + "\n")
     text = markdown(result)
     (out / "suite.md").write_text(text)
-    plot(result, out)
+    plots = getattr(options, "plots", True)
+    if plots:
+        plot(result, out)
     console.print(text, markup=False, emoji=False, highlight=False, soft_wrap=True)
-    console.print(f"[dim]wrote {out}/suite.{{md,json}}, speedup.png, acceptance.png[/]")
+    console.print(f"[dim]wrote {out}/suite.{{md,json}}" + (", speedup.png, acceptance.png" if plots else "") + "[/]")
     return result

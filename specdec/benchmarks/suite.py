@@ -40,7 +40,7 @@ from specdec.benchmarks.report import write_outputs
 from specdec.benchmarks.runs import DepthCounter, Run, parse_methods
 from specdec import LLM, SamplingParams
 from specdec.data import CATEGORIES, bench_prompts
-from specdec.errors import ConfigError
+from specdec.errors import ConfigError, MissingDependencyError
 
 SPEC_BENCH_CATEGORIES = ("conversation", "translation", "summarization", "qa", "math", "rag")
 SYNTHETIC_DRAFTERS = {"oracle"}  # controlled-acceptance drafters for systems runs: only when asked for by name
@@ -65,6 +65,7 @@ class SuiteOptions:
     split: str = "test"
     out: Path = DEFAULT_OUT
     quick: bool = False
+    plots: bool = True  # speedup.png and acceptance.png (matplotlib, the bench extra)
 
     @property
     def dummy(self) -> bool:
@@ -112,6 +113,30 @@ def resolve_options(*, quick: bool = False, drafter: str | None = None, methods:
     if options.threads < 1 or options.max_new_tokens < 1 or options.prompts_per_category < 1:
         raise ConfigError("--threads, --max-new-tokens and --prompts-per-category must be at least 1")
     return options
+
+
+def check_ready(options: SuiteOptions) -> None:
+    """Before anything loads: the optional packages this run needs are importable, and the output folder is
+    writable. (The suite once crashed on a missing matplotlib after 81 s of benchmarking.)"""
+    needed = []
+    if options.plots:
+        needed.append(("matplotlib", "draws the charts", "or pass --no-plots"))
+    if options.peers and not options.dummy:
+        needed.append(("transformers", "runs the transformers peers", "or pass --no-peers"))
+    for module, why, alternative in needed:
+        try:
+            __import__(module)
+        except ImportError:
+            raise MissingDependencyError(f"specdec bench {why} with {module}, which is not installed: "
+                                         f"pip install 'specdec[bench]' ({alternative})") from None
+    out = Path(options.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ConfigError(f"cannot write the bench results to {out}: {exc.strerror or exc}") from None
 
 
 def _split(text: str) -> tuple[str, ...]:

@@ -28,7 +28,8 @@ def serve(
     log_level: str = typer.Option("info", help="uvicorn log level: critical, error, warning, info, debug."),
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)."""
-    from specdec.cli.app import _load, fail
+    from specdec.cli.common import fail
+    from specdec.cli.generate import load_llm
 
     try:
         try:
@@ -48,7 +49,7 @@ def serve(
 
         config = EngineConfig(max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens,
                               adaptive_speculation=adaptive, enable_prefix_caching=prefix_caching)
-        llm = _load(target, device, dtype, quantize, drafter, tree, config, threads)
+        llm = load_llm(target, device, dtype, quantize, drafter, tree, config, threads)
         server = create_app(llm, model_name, max_waiting)
     except SpecdecError as exc:
         fail(str(exc))

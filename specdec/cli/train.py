@@ -1,4 +1,5 @@
-"""`specdec train ...`: the training commands (wired into the main CLI with `app.add_typer(train_app, name="train")`).
+"""`specdec train draft|medusa|eagle|eagle3`: the training command group (`train_app`, added to the main CLI by
+`specdec.cli.app`). `draft` lives here; the Medusa and EAGLE trainers have a module each.
 
 Also runnable alone: `python -m specdec.cli.train draft --out runs/draft`.
 """
@@ -9,15 +10,13 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
+from specdec.cli import train_eagle, train_medusa
+from specdec.cli.common import console, err_console, fail
 from specdec.errors import ConfigError, SpecdecError
 
 train_app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                        help="Train drafters for a target (self-distillation).")
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
-
+                        rich_markup_mode=None, help="Train drafters for a target (self-distillation).")
 
 
 @train_app.callback()
@@ -70,8 +69,7 @@ def draft(
         _check(cfg)
         _run(cfg, out, resume, eval_per_category)
     except SpecdecError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
-        raise typer.Exit(2)
+        fail(str(exc))
 
 
 def _layer_list(raw: str | None) -> tuple[int, ...] | None:
@@ -129,35 +127,17 @@ def _run(cfg, out: Path, resume: bool, eval_per_category: int) -> None:
 
 
 def _eval_prompts(per_category: int) -> list[str]:
-    from specdec.data import CATEGORIES, bench_prompts
+    from specdec.data import heldout_prompts
 
-    try:
-        records = bench_prompts(split="test")
-    except SpecdecError as exc:  # an installed package has no bench/ folder
-        err_console.print(f"[yellow]skipping the held-out tau: {exc}[/]")
-        return []
-    chosen: list[str] = []
-    for category in CATEGORIES:
-        chosen += [r["prompt"] for r in records if r.get("category") == category][:per_category]
-    return chosen
+    prompts = heldout_prompts(per_category)
+    if not prompts:
+        err_console.print("[yellow]skipping the held-out tau: no bench prompts in this installation[/]")
+    return prompts
 
 
-def _load_commands() -> None:
-    """Import every `specdec/cli/train_*.py`: each adds its own `@train_app.command(...)`.
-
-    One file per trainer keeps trainers independent; nothing here lists them by hand.
-    """
-    import importlib
-    import pkgutil
-
-    import specdec.cli as package
-
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.name.startswith("train_"):
-            importlib.import_module(f"{package.__name__}.{info.name}")
-
-
-_load_commands()
+train_app.command("medusa")(train_medusa.medusa)
+train_app.command("eagle")(train_eagle.command("eagle"))
+train_app.command("eagle3")(train_eagle.command("eagle3"))
 
 if __name__ == "__main__":
     train_app()

@@ -12,14 +12,16 @@ from typing import Optional
 
 import typer
 
+from specdec.cli.common import console, err_console, fail
 from specdec.errors import ConfigError, SpecdecError
-from specdec.cli.train import console, err_console, train_app
 
 _LABELS = {"generate": "generating answers (tokens)", "features": "target features (sequences)",
            "labels": "target labels (sequences)", "train": "training the predictor (steps)"}
 
 
-def _options(kind: str):
+def command(kind: str):
+    """The `specdec train eagle` (or `eagle3`) command function."""
+
     def command(
         target: str = typer.Option("smollm2-135m", help="The target (alias, HF folder, .gguf)."),
         prompts: Optional[Path] = typer.Option(None, help="JSONL prompt file; default: the package's corpus."),
@@ -65,8 +67,7 @@ def _options(kind: str):
                 raise ConfigError(f"--lr must be positive, got {lr}")
             _run(cfg, out, resume, published, device)
         except SpecdecError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
-            raise typer.Exit(2)
+            fail(str(exc))
 
     command.__doc__ = (f"Self-distil an {'EAGLE-3' if kind == 'eagle3' else 'EAGLE-1/2'} predictor; writes "
                        f"OUT/{kind} (config, bf16 weights, metadata).")
@@ -85,7 +86,3 @@ def _run(cfg, out: Path, resume: bool, published: bool, device: str) -> None:
                                   log=bars.console.print)
     console.print(f"{cfg.kind} predictor written to {out / cfg.kind} in {time.perf_counter() - started:.0f} s "
                   f"(held-out top-1 {meta['final'].get('val_top1_0', 0):.3f})")
-
-
-train_app.command("eagle")(_options("eagle"))
-train_app.command("eagle3")(_options("eagle3"))

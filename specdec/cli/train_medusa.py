@@ -12,13 +12,12 @@ from typing import Optional
 import typer
 
 from specdec.errors import SpecdecError
-from specdec.cli.train import console, err_console, train_app
+from specdec.cli.common import console, err_console, fail
 
 _LABELS = {"generate": "generating answers (tokens)", "features": "target features (answers)",
            "train": "training the heads (steps)", "eval": "held-out tau (drafters)"}
 
 
-@train_app.command("medusa")
 def medusa(
     target: str = typer.Option("smollm2-135m", help="The target (alias, HF folder, .gguf)."),
     prompts: Optional[Path] = typer.Option(None, help="JSONL prompt file; default: the package's training corpus."),
@@ -58,8 +57,7 @@ def medusa(
         )
         _run(cfg, out, resume, eval_per_category, published, threads)
     except SpecdecError as exc:
-        err_console.print(f"[bold red]error:[/] {exc}", soft_wrap=True)
-        raise typer.Exit(2)
+        fail(str(exc))
 
 
 def _run(cfg, out: Path, resume: bool, eval_per_category: int, published: bool, threads: int | None) -> None:
@@ -67,7 +65,7 @@ def _run(cfg, out: Path, resume: bool, eval_per_category: int, published: bool, 
     import time
 
     from specdec.drafters.heads.medusa_heads import save_heads
-    from specdec.cli.train import _eval_prompts
+    from specdec.data import heldout_prompts
     from specdec.training.common import measure_tau
     from specdec.training.medusa import render_readme, run_medusa
     from specdec.training.progress import load_target, stage_bars
@@ -83,7 +81,7 @@ def _run(cfg, out: Path, resume: bool, eval_per_category: int, published: bool, 
             save_heads(heads, out / "published", {"base_model_name_or_path": cfg.target},
                        projection=loaded.model.lm_head.weight)
         meta["seconds"]["invocation"] = round(time.perf_counter() - started, 1)
-        prompts = _eval_prompts(eval_per_category) if eval_per_category > 0 else []
+        prompts = heldout_prompts(eval_per_category) if eval_per_category > 0 else []
         if prompts:
             start = time.perf_counter()
             specs = [("ngram", None), (f"medusa:{folder.resolve()}", "chain:k=4"),

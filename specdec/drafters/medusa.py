@@ -34,7 +34,7 @@ from specdec.tree.spec import TreeSpec, parse_tree_spec
 from specdec.tree.token_tree import TokenTree
 from specdec.verifier.result import VerifyResult
 
-DEFAULT_TREE = "static:medusa-8"  # chosen by measured tok/s with the int8 target (see the shipped README)
+DEFAULT_TREE = "static:medusa-8"  # chosen by tok/s with the int8 target when the shipped heads were trained
 
 
 @dataclass

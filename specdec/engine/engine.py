@@ -21,6 +21,7 @@ from torch import Tensor
 
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import Drafter
+from specdec.engine.health import check_finite_logits
 from specdec.engine.planner import SpeculationPlanner
 from specdec.engine.runner import Chunk, ChunkOutput, ModelRunner, Rows
 from specdec.engine.scheduler import ScheduledBatch, Scheduler, prefill_target
@@ -73,6 +74,17 @@ class Engine:
 
     # ----------------------------------------------------------------------------------------------- requests
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        self.check_request(prompt_ids, params)
+        seq = Sequence(next(self._ids), list(prompt_ids), params, make_generator(params.seed, self.runner.device),
+                       text=TextState())
+        self._rules[seq.seq_id] = rule_for(params, self.config)
+        self.sequences[seq.seq_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise what `add_request` would raise for this request, adding nothing (batch callers check each
+        record first, so one bad record does not stop the rest)."""
         if not prompt_ids:
             raise PromptTooLongError("the prompt is empty: give at least one token")
         if len(prompt_ids) >= self.max_len:
@@ -86,12 +98,6 @@ class Engine:
                 f"this request needs up to {worst} tokens of KV cache but the engine holds only "
                 f"{self.scheduler.capacity_tokens}; raise kv_cache_tokens"
             )
-        seq = Sequence(next(self._ids), list(prompt_ids), params, make_generator(params.seed, self.runner.device),
-                       text=TextState())
-        self._rules[seq.seq_id] = rule_for(params, self.config)
-        self.sequences[seq.seq_id] = seq
-        self.scheduler.add(seq)
-        return seq
 
     def abort(self, seq_id: int) -> None:
         seq = self.sequences.get(seq_id)
@@ -164,6 +170,7 @@ class Engine:
                    for seq, tree in zip(batch.decodes, trees)]
         outs = self.runner.run(chunks, return_hidden=self.drafter.needs_features,
                                capture_layers=self.drafter.feature_layers)
+        check_finite_logits(outs)  # NaN/Inf logits stop the step with a clear error, not token 0
         return outs[: len(batch.prefills)], outs[len(batch.prefills):]
 
     def _prefill_chunk(self, seq: Sequence, n: int) -> Chunk:

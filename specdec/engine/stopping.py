@@ -58,23 +58,28 @@ class StopRules:
 
     def append(self, state: TextState, output_ids: list[int], tokens: list[int], params: SamplingParams,
                prompt_len: int) -> tuple[int, str | None]:
-        """Add `tokens` to `output_ids` up to the first stop; returns (tokens kept, finish reason or None)."""
-        reason = None
+        """Add `tokens` to `output_ids` up to the first stop; returns (tokens kept, finish reason or None).
+
+        Every token is checked on its own, stop strings included, as plain decoding checks them: a speculative
+        step that accepted tokens past the one completing a stop string keeps none of them, so its output is
+        plain decoding's token for token.
+        """
         kept = 0
         for token in tokens:
             output_ids.append(token)
             kept += 1
+            reason = None
             if token in self.eos_ids and not params.ignore_eos:
                 reason = "stop"
-                break
-            if len(output_ids) >= params.max_new_tokens or prompt_len + len(output_ids) >= self.max_len:
+            elif len(output_ids) >= params.max_new_tokens or prompt_len + len(output_ids) >= self.max_len:
                 reason = "length"
-                break
-        if params.stop:
-            self.decode(state, output_ids, final=reason is not None)
-            if self._hit_stop_string(state, params.stop):
-                reason = "stop"
-        return kept, reason
+            if params.stop:
+                self.decode(state, output_ids, final=reason is not None)
+                if self._hit_stop_string(state, params.stop):
+                    reason = "stop"
+            if reason is not None:
+                return kept, reason
+        return kept, None
 
     def finish(self, state: TextState, output_ids: list[int]) -> None:
         self.decode(state, output_ids, final=True)

@@ -79,8 +79,15 @@ class TreeSpec:
             return sum(1 for c in self.choices if len(c) <= depth)
         if self.kind is TreeKind.CHAIN:
             return depth
-        return min(self.budget, sum(self.topk ** d if self.topk ** d < self.budget else self.budget
-                                    for d in range(1, depth + 1)))
+        if self.topk == 1:
+            return min(depth, self.budget)
+        total, width = 0, 1
+        for _ in range(depth):  # stops at the budget, so huge depth or topk values cost nothing
+            width = min(width * self.topk, self.budget)
+            total += width
+            if total >= self.budget:
+                return self.budget
+        return total
 
     def describe(self) -> str:
         """A spec string for this shape (static trees by built-in name, else by size, as their choices live in a
@@ -145,13 +152,20 @@ def parse_tree_spec(text: str, max_nodes: int | None = None) -> TreeSpec:
     """Parse a tree spec string, checking it fits the engine's node budget."""
     name, args = parse_spec(text, what="tree")
     if name == "chain":
-        spec = chain(_int(args.pop("k", "5"), "k"))
+        k = _int(args.pop("k", "5"), "k")
+        if k < 1:
+            raise ConfigError(f"a chain needs k >= 1, got {k} (chain:k=0 drafts nothing: for plain decode use "
+                              "drafter 'none' without a tree)")
+        spec = chain(k)
     elif name == "static":
         spec = static(_load_choices(args.pop("", None) or args.pop("name", None) or args.pop("file", None)))
     elif name == "dynamic":
         depth = _int(args.pop("depth", "6"), "depth")
         topk = _int(args.pop("topk", "8"), "topk")
         budget = _int(args.pop("budget", "60"), "budget")
+        if min(depth, topk, budget) >= 1 and depth > budget:
+            raise ConfigError(f"a dynamic tree of budget {budget} cannot reach depth {depth}; "
+                              "give depth <= budget")
         spec = dynamic(depth, topk, budget)
     else:
         raise ConfigError(f"unknown tree kind '{name}'; use chain:k=N, static:<name|file> or "
@@ -171,6 +185,10 @@ def _int(value: str, field: str) -> int:
         raise ConfigError(f"tree option {field} must be an integer, got '{value}'") from None
 
 
+# Keys of a tree file that would describe the tree some other way: refused rather than silently ignored
+_STRUCTURE_KEYS = ("parents", "tokens", "paths", "tree", "children", "depths", "edges")
+
+
 def _load_choices(ref: str | None) -> list[Choice]:
     if not ref:
         raise ConfigError(f"static trees need a name or a file: static:<name|file>; names: {', '.join(BUILTIN_TREES)}")
@@ -179,9 +197,31 @@ def _load_choices(ref: str | None) -> list[Choice]:
     path = Path(ref).expanduser()
     if not path.is_file():
         raise ConfigError(f"no built-in tree or file named '{ref}'; built-in trees: {', '.join(BUILTIN_TREES)}")
+    expected = 'expected JSON {"choices": [[0], [0, 0], ...]}: lists of integer ranks'
     try:
-        data = json.loads(path.read_text())
-        choices = data["choices"] if isinstance(data, dict) else data
-        return [tuple(int(i) for i in c) for c in choices]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"cannot read tree file {path}: expected JSON {{\"choices\": [[0], [0, 0], ...]}} ({exc})") from None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read tree file {path}: {expected} ({exc})") from None
+    if isinstance(data, dict):
+        other = [k for k in data if k in _STRUCTURE_KEYS]
+        if other:
+            raise ConfigError(f"tree file {path} gives {', '.join(map(repr, other))}, which specdec does not read; "
+                              f"static trees are read from \"choices\" alone ({expected})")
+        if "choices" not in data:
+            raise ConfigError(f"cannot read tree file {path}: it has no \"choices\" ({expected})")
+        choices = data["choices"]
+    else:
+        choices = data
+    if not isinstance(choices, list) or not all(isinstance(c, list) for c in choices):
+        raise ConfigError(f"cannot read tree file {path}: {expected}")
+    for c in choices:
+        bad = [i for i in c if not isinstance(i, int) or isinstance(i, bool)]
+        if bad:
+            raise ConfigError(f"tree file {path}: choice {c} holds {bad[0]!r}, but ranks are integers (0 = the "
+                              "drafter's best candidate, 1 = its second best, ...)")
+    spec_choices = [tuple(c) for c in choices]
+    if isinstance(data, dict):  # a file's own node count and depth, when it states them, must be the tree's
+        for key, value in (("nodes", len({c for c in spec_choices})), ("depth", max(map(len, spec_choices), default=0))):
+            if key in data and data[key] != value:
+                raise ConfigError(f"tree file {path} says {key}={data[key]!r}, but its choices give {value}")
+    return spec_choices

@@ -3,24 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-TINY = ["--target", "dummy:tiny-llama", "--no-chat"]
-
-
-def specdec(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "specdec.cli.app", *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "COLUMNS": "200", **(env or {})})
-
-
-def assert_user_error(result: subprocess.CompletedProcess, words: str) -> None:
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
-    assert words.lower() in result.stderr.lower(), result.stderr
+from tests.cli.runner import TINY, assert_user_error, run_cli as specdec
 
 
 def test_generate_streams_text_and_prints_stats_on_the_default_model(default_model):
@@ -41,9 +27,9 @@ def test_generate_json_with_a_drafter():
 
 @pytest.mark.parametrize("args,words", [
     (["--target", "/no/such/model"], "model not found"),
-    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must"),
     (["--temperature", "-1"], "temperature"),
-    (["--top-p", "1.5"], "top_p"),
+    (["--top-p", "1.5"], "--top-p must"),
     (["--dtype", "float8"], "unknown dtype"),
     (["--drafter", "medusa2000"], "unknown drafter"),
     (["--drafter", "ngram", "--tree", "static:no-such-tree"], "no built-in tree"),
@@ -80,9 +66,3 @@ def test_batch_mode_writes_one_result_per_prompt(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(5))
     assert all(len(r["token_ids"]) == 6 for r in rows)
-
-
-def test_batch_mode_bad_prompts_file_is_a_clear_error(tmp_path):
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"text": "no prompt field"}\n')
-    assert_user_error(specdec("generate", *TINY, "--prompts-file", str(bad)), "prompt")

@@ -12,6 +12,7 @@ import torch
 
 from specdec.config import SamplingParams
 from specdec.data import bench_prompts
+from tests.helpers import skip_unless_ci
 
 NEW_TOKENS = 64
 CONFIGS = [
@@ -97,7 +98,7 @@ def int8_llm():
     try:
         return LLM("smollm2-135m", quantize="int8", show_progress=False, num_threads=1)
     except OfflineError as exc:
-        pytest.skip(f"default model unavailable offline: {exc}")
+        skip_unless_ci(f"default model unavailable offline: {exc}")
 
 
 def test_int8_greedy_is_the_same_batched_alone_and_speculative(int8_llm):

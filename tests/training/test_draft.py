@@ -18,7 +18,7 @@ from specdec.training.common import Corpus, TrainSettings, load_train_state, tea
 from specdec.training.draft import (
     DistillConfig, evaluate, init_draft, run_distillation, trainable_parameters, train_draft,
 )
-from tests.helpers import NoTokenizer, tiny_model
+from tests.helpers import NoTokenizer, skip_unless_ci, tiny_model
 
 VOCAB = 16
 
@@ -190,7 +190,7 @@ def test_plain_draft_uses_the_shipped_distilled_draft_for_the_default_model(defa
     from specdec.drafters.heads.draft_folder import shipped_draft_dir
 
     if shipped_draft_dir("smollm2-135m") is None:
-        pytest.skip("no shipped draft for smollm2-135m in this checkout")
+        skip_unless_ci("no shipped draft for smollm2-135m in this checkout")
     assert shipped_draft_dir(default_model.source) == shipped_draft_dir("smollm2-135m")
     llm = LLM.from_loaded(default_model, drafter="draft", tree="chain:k=4")
     runner = llm.drafter.runner
