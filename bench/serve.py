@@ -151,7 +151,7 @@ def summarise(runs: list[list[Record]], slo_ttft: float, slo_tpot: float) -> dic
 
 def method_command(spec: str, args: argparse.Namespace) -> list[str]:
     drafter, _, tree = spec.partition("|")
-    cmd = [sys.executable, "-m", "specdec.cli.app", "serve", "--target", args.target, "--port", "0",
+    cmd = [sys.executable, "-m", "specdec.cli", "serve", "--target", args.target, "--port", "0",
            "--threads", str(args.threads), "--drafter", drafter, "--model-name", "bench", "--log-level", "info",
            "--max-num-seqs", str(args.max_num_seqs), "--max-waiting", "100000",
            "--kv-cache-tokens", str(args.kv_cache_tokens)]

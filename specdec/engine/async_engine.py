@@ -246,8 +246,8 @@ class AsyncEngine:
                 touched = self.engine.step()
             except Exception as exc:  # a bug: fail the running requests, keep serving the next ones
                 log.exception("engine step failed")
-                self._fail_all(EngineDeadError(f"internal engine error ({type(exc).__name__}); the request "
-                                               "was aborted"))
+                self._fail_live(EngineDeadError(f"internal engine error ({type(exc).__name__}); the request "
+                                                "was aborted"))
                 continue
             now = time.perf_counter()
             for seq in touched:
@@ -255,7 +255,9 @@ class AsyncEngine:
                 if request is not None:
                     self._deliver(request, seq, now)
             self._publish(stepped=True)
-        self._fail_all(OverloadedError("the server is shutting down", self.retry_after_s))
+        error = OverloadedError("the server is shutting down", self.retry_after_s)
+        self._fail_live(error)
+        self._refuse_inbox(error)
 
     def _drain(self) -> None:
         """Take everything in the inbox: new requests join this step's batch, aborts free blocks before it."""
@@ -319,7 +321,8 @@ class AsyncEngine:
                 log.exception("on_finish callback failed")
         return output
 
-    def _fail_all(self, error: SpecdecError) -> None:
+    def _fail_live(self, error: SpecdecError) -> None:
+        """Fail and abort the requests in the engine (those queued in the inbox took no part in a failed step)."""
         for request in list(self._live.values()):
             if not request.seq.is_finished:
                 try:
@@ -329,16 +332,19 @@ class AsyncEngine:
             self._live.pop(request.seq.seq_id, None)
             self.engine.sequences.pop(request.seq.seq_id, None)
             request.reply(error)
-        while True:  # requests still in the inbox
+        self._publish()
+
+    def _refuse_inbox(self, error: SpecdecError) -> None:
+        """At shutdown: refuse the requests not yet taken."""
+        while True:
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
-                break
+                return
             if item is not None and item[0] == "add":
                 with self._lock:
                     self._pending -= 1
                 item[1].settle(error)
-        self._publish()
 
     def _publish(self, stepped: bool = False) -> None:
         scheduler, pool = self.engine.scheduler, self.engine.runner.cache.pool

@@ -3,21 +3,19 @@ options with one red line."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 import time
 
 import openai
 
-from tests.cli.test_cli import assert_user_error, specdec
+from tests.cli.runner import ROOT, assert_user_error, cli_env, command, run_cli
 
 
 def test_serve_answers_the_openai_client():
-    proc = subprocess.Popen([sys.executable, "-m", "specdec.cli.app", "serve", "--target", "dummy:tiny-llama",
-                             "--port", "0", "--threads", "1", "--model-name", "tiny"],
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+    proc = subprocess.Popen(command("serve", "--target", "dummy:tiny-llama", "--port", "0", "--threads", "1",
+                                    "--model-name", "tiny"), stderr=subprocess.PIPE, text=True, env=cli_env(),
+                            cwd=ROOT)
     try:
         port, deadline, seen = None, time.monotonic() + 120, []
         while port is None and time.monotonic() < deadline:
@@ -38,5 +36,5 @@ def test_serve_answers_the_openai_client():
 
 
 def test_serve_bad_options_get_one_clear_line():
-    assert_user_error(specdec("serve", "--target", "dummy:tiny-llama", "--port", "70000"), "--port")
-    assert_user_error(specdec("serve", "--target", "dummy:tiny-llama", "--drafter", "nope"), "unknown drafter")
+    assert_user_error(run_cli("serve", "--target", "dummy:tiny-llama", "--port", "70000"), "--port")
+    assert_user_error(run_cli("serve", "--target", "dummy:tiny-llama", "--drafter", "nope"), "unknown drafter")
