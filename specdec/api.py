@@ -41,6 +41,8 @@ class StreamDelta:
     step_tokens: int  # tokens this request emitted in the target step that produced this delta
     finished: bool
     output: RequestOutput | None  # the final output, on the last delta
+    sources: tuple[str, ...] = ()  # per new token, the drafter(s) that proposed it ("" = the target's own token);
+    #                                empty unless several drafters build the trees (hybrid)
 
 
 class LLM:
@@ -203,13 +205,17 @@ class LLM:
             sent_chars = {seq.seq_id: 0 for seq in seqs}
             while engine.has_unfinished():
                 for seq in engine.step():
-                    new_ids = seq.output_ids[sent_tokens[seq.seq_id]:]
+                    first = sent_tokens[seq.seq_id]
+                    new_ids = seq.output_ids[first:]
+                    source_of = seq.metrics.source_of
+                    sources = tuple(source_of.get(i, "") for i in range(first, first + len(new_ids))) if source_of else ()
                     sent_tokens[seq.seq_id] = len(seq.output_ids)
                     text = engine.output_text(seq)  # decodes only the new tokens
                     delta_text = text[sent_chars[seq.seq_id]:]
                     sent_chars[seq.seq_id] = len(text)
                     output = self._output(seq) if seq.is_finished else None
-                    yield StreamDelta(index[seq.seq_id], delta_text, new_ids, len(new_ids), seq.is_finished, output)
+                    yield StreamDelta(index[seq.seq_id], delta_text, new_ids, len(new_ids), seq.is_finished, output,
+                                      sources)
         finally:
             for seq in seqs:  # an abandoned stream must not leave requests holding KV blocks
                 if not seq.is_finished:

@@ -6,7 +6,7 @@
     python tools/mutation_check.py --out bench/results/mutation_check.md
 
 Each mutant is a one-line change to `specdec/` (the verifier, sampling, the KV cache and prefix cache, the
-engine's verify-and-commit path) that changes behaviour: a real bug someone could write. The tests listed
+engine's verify-and-commit path, the draft distribution a drafter hands on) that changes behaviour: a real bug someone could write. The tests listed
 with it run with `-x` and a per-test timeout, so a mutant that makes the engine hang is caught in minutes
 rather than never. A mutant is *caught* when a test fails, *missed* when every test passes (a contract
 without a test: write one), and *stale* when its text is no longer in the file (update the list). Tests
@@ -166,6 +166,12 @@ MUTANTS: list[Mutant] = [
            "if entry is not None and entry.parent_id == parent_id and entry.tokens == chunk:",
            "if entry is not None and entry.tokens == chunk:",
            (PREFIX,), "a block registered after a collision starts a fresh chain"),
+    # ------------------------------------------------------------------------------ drafters: proposals
+    Mutant("drafter-passes-untempered-q", "specdec/drafters/model_drafter.py",
+           "                probs[i] = q\n",
+           "                probs[i] = target_probs(self._full_vocab(logits[i: i + 1], ids), "
+           "__import__('dataclasses').replace(seq.params, temperature=1.0))[0]\n",
+           (LOSSLESS,), "a sampled draft token travels with the distribution it was drawn from"),
     # ------------------------------------------------------------------------- engine: verify and commit
     Mutant("commit-without-compaction", "specdec/engine/runner.py",
            "        self.cache.copy_slots(src, dst)\n        self.cache.truncate(",
@@ -178,7 +184,8 @@ MUTANTS: list[Mutant] = [
     Mutant("engine-commits-root-only", "specdec/engine/engine.py",
            "self.runner.commit_path(seq.table, out.prefix_len, result.accepted_nodes)",
            "self.runner.commit_path(seq.table, out.prefix_len, result.accepted_nodes[:1])",
-           (BATCHING,), "the engine commits the whole accepted path"),
+           ("tests/engine/test_rollback.py::test_after_every_step_the_cache_holds_every_token_but_the_last",
+            BATCHING), "the engine commits the whole accepted path (not re-prefilled next step)"),
     Mutant("engine-ignores-typical", "specdec/verifier/select.py",
            'return Rule.TYPICAL if config.acceptance == "typical" else Rule.LOSSLESS',
            "return Rule.LOSSLESS",

@@ -40,6 +40,8 @@ def aggregate(records: list[dict], method_keys: list[str], categories: list[str]
                 "method": method, "category": category, "prompts": len(chosen), "tokens": tokens,
                 "seconds": seconds, "tok_s": tokens / seconds if seconds > 0 else 0.0,
                 "tau": sum(x.decoded for x in runs) / steps if steps else 0.0,
+                "draft_ms_per_step": 1000 * sum(x.draft_seconds for x in runs) / steps if steps else 0.0,
+                "step_ms": 1000 * seconds / steps if steps else 0.0,
                 "acceptance_by_depth": acceptance_by_depth(runs),
             }
             for name, ref in (("same_as_plain", PLAIN), ("same_as_hf", HF_PLAIN)):
@@ -100,9 +102,24 @@ def markdown(result: dict) -> str:
     ]
     if any(m["key"] == HF_PLAIN for m in result["methods"]):
         parts += ["", "Speedup over transformers `generate` (fp32, greedy):", "", leaderboard(result, HF_PLAIN)]
+    parts += ["", "Drafting cost (all categories): the drafter's own work per target step (proposing, plus its "
+              "bookkeeping after verification), against the whole step (wall time per target step, prefill "
+              "included):", "", drafting_costs(result)]
     if result["notes"]:
         parts += ["", *(f"- {n}" for n in result["notes"])]
     return "\n".join(parts) + "\n"
+
+
+def drafting_costs(result: dict) -> str:
+    index = {(r["method"], r["category"]): r for r in result["rows"]}
+    lines = ["| Drafting method | ms per step | drafting ms per step | drafting share |", "|---|---|---|---|"]
+    for m in result["methods"]:
+        row = index.get((m["key"], "overall"))
+        if row is None or m["family"] != "specdec" or m["key"] == PLAIN:
+            continue
+        share = row["draft_ms_per_step"] / row["step_ms"] if row["step_ms"] else 0.0
+        lines.append(f"| {m['label']} | {row['step_ms']:.1f} | {row['draft_ms_per_step']:.2f} | {100 * share:.1f}% |")
+    return "\n".join(lines)
 
 
 def plot(result: dict, out: Path) -> None:

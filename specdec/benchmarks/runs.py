@@ -15,11 +15,12 @@ class Run:
     steps: int  # target forwards counted by tau's denominator
     proposed: list[int] = field(default_factory=list)  # [d] target steps whose tree reached depth d+1 (ours only)
     accepted: list[int] = field(default_factory=list)  # [d] of those, steps that accepted a token at depth d+1
+    draft_seconds: float = 0.0  # of `seconds`, the drafter's own work (proposing and its bookkeeping; ours only)
 
     def __add__(self, other: "Run") -> "Run":
         return Run(self.tokens + other.tokens, self.seconds + other.seconds, self.decoded + other.decoded,
                    self.steps + other.steps, add_lists(self.proposed, other.proposed),
-                   add_lists(self.accepted, other.accepted))
+                   add_lists(self.accepted, other.accepted), self.draft_seconds + other.draft_seconds)
 
 
 def add_lists(a: list[int], b: list[int]) -> list[int]:

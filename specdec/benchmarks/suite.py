@@ -39,6 +39,7 @@ from specdec.benchmarks.peers import PEER_NAMES, build_peers
 from specdec.benchmarks.report import write_outputs
 from specdec.benchmarks.runs import DepthCounter, Run, parse_methods
 from specdec import LLM, SamplingParams
+from specdec.config import EngineConfig
 from specdec.data import CATEGORIES, bench_prompts
 from specdec.errors import ConfigError, MissingDependencyError
 
@@ -56,6 +57,7 @@ class SuiteOptions:
     device: str = "cpu"
     dtype: str = "float32"
     quantize: str | None = None  # our engine only; transformers stays fp32
+    kv_cache_tokens: int | None = None  # per method's engine; None = EngineConfig's default (batch 1 needs ~1k)
     methods: str | None = None  # "drafter|tree;..."; None: every registered drafter with its default tree
     peers: tuple[str, ...] = PEER_NAMES
     threads: int = 1
@@ -76,6 +78,8 @@ class SuiteOptions:
         parts = ["specdec bench", f"--target {self.target}", f"--device {self.device}", f"--dtype {self.dtype}"]
         if self.quantize:
             parts.append(f"--quantize {self.quantize}")
+        if self.kv_cache_tokens:
+            parts.append(f"--kv-cache-tokens {self.kv_cache_tokens}")
         if self.methods is not None:
             parts.append(f"--methods '{self.methods}'")
         parts.append(f"--peers {','.join(self.peers)}" if self.peers else "--no-peers")
@@ -112,6 +116,8 @@ def resolve_options(*, quick: bool = False, drafter: str | None = None, methods:
         out=out if out is not None else DEFAULT_OUT, **rest)
     if options.threads < 1 or options.max_new_tokens < 1 or options.prompts_per_category < 1:
         raise ConfigError("--threads, --max-new-tokens and --prompts-per-category must be at least 1")
+    if options.kv_cache_tokens is not None and options.kv_cache_tokens < 256:
+        raise ConfigError("--kv-cache-tokens must be at least 256")
     return options
 
 
@@ -165,7 +171,7 @@ class OursRunner:
             observers.remove(counter)
         m = out.metrics
         return Run(list(out.token_ids), seconds, sum(m.accepted_per_step), m.target_steps, counter.proposed,
-                   counter.accepted)
+                   counter.accepted, m.draft_time_s)
 
 
 def _prepare_oracle(llm: LLM, prompts: list[list[int]], max_new_tokens: int) -> None:
@@ -187,7 +193,10 @@ def build_ours(options: SuiteOptions, loaded, console: Console, notes: list[str]
     from specdec.drafters.registry import available
 
     quantize = options.quantize
-    runners = [OursRunner("specdec:none", "specdec plain decode", LLM.from_loaded(loaded, "none", quantize=quantize))]
+    # Every method holds its own engine and KV cache; a smaller cache lets many methods share a small machine.
+    config = EngineConfig(kv_cache_tokens=options.kv_cache_tokens) if options.kv_cache_tokens else None
+    runners = [OursRunner("specdec:none", "specdec plain decode",
+                          LLM.from_loaded(loaded, "none", quantize=quantize, engine_config=config))]
     if options.methods is None:
         skipped = sorted(set(available()) & SYNTHETIC_DRAFTERS)
         if skipped:
@@ -199,7 +208,7 @@ def build_ours(options: SuiteOptions, loaded, console: Console, notes: list[str]
     for drafter, tree in methods:
         key = f"specdec:{drafter}" + (f"|{tree}" if tree else "")
         try:
-            llm = LLM.from_loaded(loaded, drafter, tree, quantize=quantize)
+            llm = LLM.from_loaded(loaded, drafter, tree, quantize=quantize, engine_config=config)
         except Exception as exc:  # e.g. a registered drafter with no trained weights for this target
             if options.methods is not None:  # asked for by name: a bad spec is the user's to fix
                 raise

@@ -32,6 +32,8 @@ def bench(
     plots: bool = typer.Option(True, help="Draw speedup.png and acceptance.png (needs matplotlib: the bench "
                                           "extra); --no-plots writes the tables only."),
     quick: bool = typer.Option(False, help="CI size: 1 prompt per category, 16 tokens, none + ngram, 2 peers."),
+    kv_cache_tokens: Optional[int] = typer.Option(None, help="KV cache per method's engine (default: the engine's; "
+                                                           "smaller lets many methods share a small machine)."),
 ) -> None:
     """Bench suite: our plain decode and drafters vs transformers, per Spec-Bench category."""
     given = dict(locals())

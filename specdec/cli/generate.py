@@ -139,9 +139,12 @@ def stats_line(final: Any) -> str:
 
 def _stream(llm: Any, prompt: str, params: Any, chat: bool, show_acceptance: bool) -> None:
     final, ids = None, []
+    proposers: dict[str, str] = {}  # hybrid trees: proposer name -> colour
     for delta in llm.stream([prompt], params, chat=chat):
         ids += delta.token_ids
-        if show_acceptance and delta.text:
+        if show_acceptance and delta.text and any(delta.sources):
+            _print_by_source(llm.tokenizer, ids, delta, proposers)
+        elif show_acceptance and delta.text:
             _print_step(llm.tokenizer, ids, delta)
         elif delta.text:
             sys.stdout.write(delta.text)  # raw text: a console would hard-wrap it at its width
@@ -153,7 +156,15 @@ def _stream(llm: Any, prompt: str, params: Any, chat: bool, show_acceptance: boo
     if final is None:
         return
     note(stats_line(final))
-    if show_acceptance:
+    m = final.metrics
+    if show_acceptance and m.accepted_by_source:
+        counts = ", ".join(f"{name} {n}" for name, n in sorted(m.accepted_by_source.items(), key=lambda kv: -kv[1]))
+        err_console.print(f"[dim]accepted drafted tokens by proposer: {counts}[/]")
+    if show_acceptance and proposers:
+        legend = " ".join(f"[{c}]{name}[/]" for name, c in proposers.items())
+        err_console.print(f"[dim]colour = the drafter(s) that proposed the token:[/] {legend} [dim](plain: the target's "
+                          "own token)[/]")
+    elif show_acceptance:
         legend = " ".join(f"[{c}]{i + 1}[/]" for i, c in enumerate(STEP_COLOURS))
         err_console.print(f"[dim]colour = tokens emitted by one target step:[/] {legend} "
                           "[dim](underlined: the step's bonus token, sampled from the target)[/]")
@@ -167,3 +178,15 @@ def _print_step(tokenizer: Any, ids: list[int], delta: Any) -> None:
     console.print(drafted, style=colour, end="", markup=False, soft_wrap=True)
     if drafted != delta.text:
         console.print(bonus, style=f"{colour} underline", end="", markup=False, soft_wrap=True)
+
+
+def _print_by_source(tokenizer: Any, ids: list[int], delta: Any, proposers: dict[str, str]) -> None:
+    """A hybrid step's tokens, each coloured by the drafter(s) that proposed it; the target's own tokens plain."""
+    start = len(ids) - len(delta.token_ids)
+    before = tokenizer.decode(ids[:start], skip_special_tokens=True)
+    for i, source in enumerate(delta.sources):
+        text = tokenizer.decode(ids[: start + i + 1], skip_special_tokens=True)
+        piece, before = text[len(before):], text
+        if source and source not in proposers:
+            proposers[source] = STEP_COLOURS[1 + len(proposers) % (len(STEP_COLOURS) - 1)]
+        console.print(piece, style=proposers.get(source, "white"), end="", markup=False, soft_wrap=True)

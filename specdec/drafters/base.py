@@ -38,6 +38,13 @@ class Drafter(Protocol):
     # `[n, len(feature_layers) * H]`.
     needs_features: bool
     feature_layers: tuple[int, ...]
+    # Model-free drafters that learn from the target (Token Recycling) read the verify pass's logits at every
+    # tree node (`observe_verified`), and optionally every prompt row's logits (`observe_prefill_logits`, which
+    # costs an LM-head row per prompt token). A tree built by several drafters carries `TokenTree.source`, an
+    # index into `source_names` (hybrid), so metrics can say who proposed each accepted token.
+    observes_verification: bool
+    wants_prefill_logits: bool
+    source_names: tuple[str, ...]
 
     def default_tree(self) -> TreeSpec:
         """The tree shape used when the user names none."""
@@ -50,6 +57,15 @@ class Drafter(Protocol):
     def observe_prefill(self, seq: Sequence, start: int, features: Tensor | None) -> None:
         """A prefill chunk of prompt positions `start ..` ran; `features` are the target's for those positions
         (None unless `needs_features`). A preempted sequence is released and observed again from 0."""
+        ...
+
+    def observe_prefill_logits(self, seq: Sequence, start: int, logits: Tensor | None) -> None:
+        """Logits of every row of a prefill chunk starting at prompt position `start` (if `wants_prefill_logits`)."""
+        ...
+
+    def observe_verified(self, seqs: list[Sequence], trees: list[TokenTree], logits: list[Tensor],
+                         results: list[VerifyResult]) -> None:
+        """The target's logits at every node of each verified tree (if `observes_verification`)."""
         ...
 
     def commit(self, seqs: list[Sequence], results: list[VerifyResult]) -> None:
@@ -79,8 +95,18 @@ class DrafterBase:
     name = "drafter"
     needs_features = False
     feature_layers: tuple[int, ...] = ()
+    observes_verification = False
+    wants_prefill_logits = False
+    source_names: tuple[str, ...] = ()
 
     def observe_prefill(self, seq: Sequence, start: int, features: Tensor | None) -> None:
+        pass
+
+    def observe_prefill_logits(self, seq: Sequence, start: int, logits: Tensor | None) -> None:
+        pass
+
+    def observe_verified(self, seqs: list[Sequence], trees: list[TokenTree], logits: list[Tensor],
+                         results: list[VerifyResult]) -> None:
         pass
 
     def commit(self, seqs: list[Sequence], results: list[VerifyResult]) -> None:

@@ -43,6 +43,7 @@ class _Timing:
     start: float
     proposed: float = 0.0
     committed: float = 0.0
+    drafter_after: float = 0.0  # the drafter's bookkeeping after verification: drafting cost, not verify cost
 
 
 class Engine:
@@ -119,7 +120,7 @@ class Engine:
         prefill_outs, tree_outs = self._forward(batch, trees)
         touched = self._finish_prefills(batch, prefill_outs)
         results = self._verify(batch.decodes, trees, tree_outs)
-        self._commit(batch.decodes, tree_outs, results)
+        self._commit(batch.decodes, trees, tree_outs, results, timing)
         timing.committed = time.perf_counter()
         self._observe(batch, trees, results, timing)
         for seq, result in zip(batch.decodes, results):
@@ -176,17 +177,22 @@ class Engine:
     def _prefill_chunk(self, seq: Sequence, n: int) -> Chunk:
         start = seq.num_computed
         done = start + n == prefill_target(seq)
-        return Chunk(seq.table, seq.token_ids[start: start + n], list(range(start, start + n)), None,
-                     Rows.LAST if done and not seq.output_ids else Rows.NONE)
+        if self.drafter.wants_prefill_logits:  # Token Recycling seeds its matrix from every prompt row's logits
+            rows = Rows.ALL
+        else:
+            rows = Rows.LAST if done and not seq.output_ids else Rows.NONE
+        return Chunk(seq.table, seq.token_ids[start: start + n], list(range(start, start + n)), None, rows)
 
     def _finish_prefills(self, batch: ScheduledBatch, outs: list[ChunkOutput]) -> list[Sequence]:
         """Hand prefill features to the drafter; a sequence whose prompt is done draws its first token."""
         touched = []
         for (seq, n), out in zip(batch.prefills, outs):
             self.drafter.observe_prefill(seq, out.prefix_len, out.hidden)
+            if self.drafter.wants_prefill_logits:
+                self.drafter.observe_prefill_logits(seq, out.prefix_len, out.logits)
             self.scheduler.prefilled(seq)
             if seq.num_computed == prefill_target(seq) and not seq.output_ids:
-                self._emit(seq, [self._first_token(seq, out.logits[0])])
+                self._emit(seq, [self._first_token(seq, out.logits[-1])])
                 touched.append(seq)
         return touched
 
@@ -209,21 +215,28 @@ class Engine:
             results = [replace(r, hidden=out.hidden[r.accepted_nodes]) for r, out in zip(results, outs)]
         return results  # type: ignore[return-value]
 
-    def _commit(self, seqs: list[Sequence], outs: list[ChunkOutput], results: list[VerifyResult]) -> None:
+    def _commit(self, seqs: list[Sequence], trees: list[TokenTree], outs: list[ChunkOutput],
+                results: list[VerifyResult], timing: _Timing) -> None:
         """Keep each accepted path's K/V (rollback of the rest), then let the drafter advance or roll back."""
         for seq, out, result in zip(seqs, outs, results):
             self.runner.commit_path(seq.table, out.prefix_len, result.accepted_nodes)
             self.scheduler.committed(seq)
-        if seqs:
-            self.drafter.commit(seqs, results)
+        if not seqs:
+            return
+        start = time.perf_counter()
+        if self.drafter.observes_verification:  # Token Recycling reuses every node's logits; hybrids calibrate
+            self.drafter.observe_verified(seqs, trees, [out.logits for out in outs], results)
+        self.drafter.commit(seqs, results)
+        timing.drafter_after = time.perf_counter() - start
 
     def _observe(self, batch: ScheduledBatch, trees: list[TokenTree], results: list[VerifyResult],
                  timing: _Timing) -> None:
-        draft_s, verify_s = timing.proposed - timing.start, timing.committed - timing.proposed
+        draft_s = timing.proposed - timing.start + timing.drafter_after
+        verify_s = timing.committed - timing.proposed - timing.drafter_after
         if self.planner is not None:  # the whole verify side: forward, verification, KV commit, drafter commit
             prefill_tokens = sum(n for _, n in batch.prefills)
-            self.planner.observe_forward(prefill_tokens + sum(len(tree) for tree in trees), verify_s,
-                                         prefill_tokens=prefill_tokens)
+            self.planner.observe_forward(prefill_tokens + sum(len(tree) for tree in trees),
+                                         timing.committed - timing.proposed, prefill_tokens=prefill_tokens)
         for seq, tree, result in zip(batch.decodes, trees, results):
             self._record(seq, tree, result, draft_s, verify_s)
             if self.planner is not None:
@@ -243,6 +256,17 @@ class Engine:
             m.proposed_by_depth[d] += 1
             m.accepted_by_depth[d] += int(result.num_accepted_drafts > d)
         m.accepted_drafts += result.num_accepted_drafts
+        accepted = result.accepted_nodes[1:]
+        if tree.source is not None:  # several drafters built the tree: remember who proposed each accepted token
+            names = self.drafter.source_names
+            labels = [names[s] for s in tree.source[accepted].tolist()] if accepted else []
+            base = len(seq.output_ids)
+            for j, label in enumerate(labels):
+                m.source_of[base + j] = label
+        else:
+            labels = [self.drafter.name] * len(accepted)
+        for label in labels:
+            m.accepted_by_source[label] = m.accepted_by_source.get(label, 0) + 1
 
     # ------------------------------------------------------------------------------------------- stop checks
     def _emit(self, seq: Sequence, tokens: list[int]) -> int:

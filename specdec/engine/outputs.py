@@ -20,6 +20,7 @@ class RequestMetrics:
     preemptions: int = 0
     cached_prompt_tokens: int = 0
     accepted_per_step: list[int] = field(default_factory=list)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)  # accepted drafted tokens per proposer
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -60,4 +61,5 @@ def metrics_of(seq: Sequence, now: float) -> RequestMetrics:
         preemptions=m.preemptions,
         cached_prompt_tokens=m.cached_prompt_tokens,
         accepted_per_step=list(m.step_accepts),
+        accepted_by_source=dict(m.accepted_by_source),
     )

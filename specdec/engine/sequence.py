@@ -41,6 +41,8 @@ class SequenceMetrics:
     preemptions: int = 0
     cached_prompt_tokens: int = 0
     step_accepts: list[int] = field(default_factory=list)  # tokens emitted per step (for colouring / histograms)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)  # accepted drafted tokens per proposer
+    source_of: dict[int, str] = field(default_factory=dict)  # output index -> proposer, for multi-drafter trees
 
 
 class DrafterSlots:

@@ -34,6 +34,12 @@ MEDUSA_TREES: dict[str, list[Choice]] = {
                   (0, 3, 0), (0, 4, 0), (0, 6, 0), (1, 0, 0), (2, 0, 0)],
 }
 
+# Token Recycling templates (ranks in the adjacency matrix rows), chosen by measurement on the dev prompts
+# with the int8 smollm2-135m target (see specdec/drafters/recycle.py).
+RECYCLE_TREES: dict[str, list[Choice]] = {
+    "recycle-8": [(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)],
+}
+
 # Built-in static trees, denser near the root where acceptance is highest.
 BUILTIN_TREES: dict[str, list[Choice]] = {
     "chain-5": [(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0)],
@@ -46,6 +52,7 @@ BUILTIN_TREES: dict[str, list[Choice]] = {
                 (0, 0, 1, 0, 0), (0, 0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 1), (0, 0, 0, 0, 0, 0, 0),
                 (0, 0, 0, 0, 0, 0, 0, 0), (0, 0, 0, 0, 0, 0, 0, 0, 0)],
     **MEDUSA_TREES,
+    **RECYCLE_TREES,
 }
 
 

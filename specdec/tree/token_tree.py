@@ -23,6 +23,8 @@ class TokenTree:
     parents: Tensor  # [N] int64; parents[0] == -1, parents[i] < i
     draft_probs: Tensor | None = None  # [N, V] float32: the distribution node i was drawn from (row 0 unused);
     #                                    None = every node is deterministic (one-hot proposal)
+    source: Tensor | None = None  # [N] int64: which drafter(s) proposed node i (a drafter-defined id, e.g. a
+    #                               hybrid's bitmask of parts; row 0 unused); None = one drafter made it all
 
     def __post_init__(self) -> None:
         validate_parents(self.parents.tolist())
@@ -30,14 +32,18 @@ class TokenTree:
             raise ConfigError("a tree needs exactly one parent per token")
         if self.draft_probs is not None and self.draft_probs.shape[0] != len(self):
             raise ConfigError("draft_probs needs one row per tree node")
+        if self.source is not None and self.source.shape != self.tokens.shape:
+            raise ConfigError("source needs one entry per tree node")
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
 
     @staticmethod
-    def from_parents(tokens: list[int], parents: list[int], draft_probs: Tensor | None = None) -> "TokenTree":
+    def from_parents(tokens: list[int], parents: list[int], draft_probs: Tensor | None = None,
+                     source: Tensor | None = None) -> "TokenTree":
         validate_parents(parents)
-        return TokenTree(torch.tensor(tokens, dtype=torch.int64), torch.tensor(parents, dtype=torch.int64), draft_probs)
+        return TokenTree(torch.tensor(tokens, dtype=torch.int64), torch.tensor(parents, dtype=torch.int64), draft_probs,
+                         source)
 
     @staticmethod
     def chain(tokens: list[int], draft_probs: Tensor | None = None) -> "TokenTree":
@@ -100,7 +106,8 @@ class TokenTree:
         index = {old: new for new, old in enumerate(keep)}
         parents = [-1] + [index[self.parent_list[i]] for i in keep[1:]]
         probs = self.draft_probs[keep] if self.draft_probs is not None else None
-        return TokenTree.from_parents(self.tokens[keep].tolist(), parents, probs)
+        source = self.source[keep] if self.source is not None else None
+        return TokenTree.from_parents(self.tokens[keep].tolist(), parents, probs, source)
 
     @property
     def is_chain(self) -> bool:

@@ -25,6 +25,23 @@ def test_generate_json_with_a_drafter():
     assert data["metrics"]["target_steps"] >= 1
 
 
+@pytest.mark.parametrize("drafter", ["recycle", "suffix", "hybrid:suffix+recycle"])
+def test_generate_with_the_model_free_drafters_out_of_the_box(drafter):
+    result = specdec("generate", "one two three one two three one two", *TINY, "--max-new-tokens", "12", "--json",
+                     "--drafter", drafter)
+    assert result.returncode == 0, result.stderr
+    assert len(json.loads(result.stdout)["token_ids"]) == 12
+
+
+def test_show_acceptance_names_the_proposer_of_hybrid_tokens(default_model):
+    prompt = "Repeat exactly, five times: the quick brown fox jumps over the lazy dog."
+    result = specdec("generate", prompt, "--max-new-tokens", "64", "--drafter", "hybrid:suffix+recycle",
+                     "--show-acceptance")
+    assert result.returncode == 0, result.stderr
+    assert "accepted drafted tokens by proposer" in result.stderr
+    assert "the drafter(s) that proposed the token" in result.stderr
+
+
 @pytest.mark.parametrize("args,words", [
     (["--target", "/no/such/model"], "model not found"),
     (["--max-new-tokens", "0"], "--max-new-tokens must"),

@@ -20,6 +20,10 @@ CONFIGS = [
     ("ngram:branches=4", "dynamic:depth=5,topk=4,budget=16"),
     ("draft", "chain:k=4"),
     ("draft", "dynamic:depth=4,topk=4,budget=12"),
+    ("recycle", "chain:k=4"),
+    ("recycle", "dynamic:depth=6,topk=4,budget=8"),
+    ("suffix", "chain:k=6"),
+    ("hybrid:suffix+recycle", "dynamic:depth=6,topk=4,budget=8"),
 ]
 
 
@@ -110,7 +114,8 @@ def test_int8_greedy_is_the_same_batched_alone_and_speculative(int8_llm):
     alone = [int8_llm.generate([p], params)[0].token_ids for p in prompts]
     assert [o.token_ids for o in int8_llm.generate(prompts, params)] == alone
     taus = []
-    for drafter, tree in [("ngram", "chain:k=5"), ("draft", "dynamic:depth=4,topk=4,budget=12")]:
+    for drafter, tree in [("ngram", "chain:k=5"), ("draft", "dynamic:depth=4,topk=4,budget=12"), ("recycle", None),
+                          ("suffix", None), ("hybrid:suffix+recycle", None)]:
         int8_llm.use(drafter, tree)
         outs = int8_llm.generate(prompts, params)
         assert [o.token_ids for o in outs] == alone, drafter

@@ -6,10 +6,13 @@ import random
 
 import torch
 
-from specdec.kvcache import BlockTable
+from specdec.config import SamplingParams
+from specdec.drafters.ngram import NgramDrafter
 from specdec.engine.runner import Chunk, ModelRunner, Rows
+from specdec.kvcache import BlockTable
+from specdec.tree.spec import chain
 from specdec.tree.token_tree import TokenTree
-from tests.helpers import tiny_model
+from tests.helpers import tiny_engine, tiny_model
 
 
 def random_tree(rng: random.Random, root: int, vocab: int) -> TokenTree:
@@ -65,3 +68,22 @@ def test_rollback_without_compaction_would_be_caught():
     plain.run([Chunk(plain_table, committed, list(range(len(committed))), None, Rows.NONE)])
     got, want = runner.cache.gather(table, 0)[0], plain.cache.gather(plain_table, 0)[0]
     assert not torch.allclose(got, want, atol=1e-5)
+
+
+def test_after_every_step_the_cache_holds_every_token_but_the_last():
+    """The decoding invariant: a verify step commits the K/V of the root and of every accepted node, so the
+    cache ends one token short of the sequence (the bonus token is the next root). An engine that committed
+    less would still emit the right tokens, by prefilling the rest again next step, only slower; this is the
+    test that notices."""
+    model = tiny_model(seed=3, vocab=16, sharpness=1.0)
+    engine = tiny_engine(model, NgramDrafter(n=2, k=4), chain(4), adaptive_speculation=False, block_size=4)
+    prompt = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]  # repeats, so the n-gram drafter is often right
+    seqs = [engine.add_request(prompt[i:], SamplingParams(max_new_tokens=24, ignore_eos=True)) for i in range(4)]
+    checked = 0
+    while engine.has_unfinished():
+        for seq in engine.step():
+            if not seq.is_finished:
+                assert seq.table.length == seq.num_tokens - 1, (
+                    f"after a step the cache holds {seq.table.length} of {seq.num_tokens} tokens")
+                checked += 1
+    assert checked > 10 and sum(s.metrics.accepted_drafts for s in seqs) > 0

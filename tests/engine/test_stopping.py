@@ -19,7 +19,7 @@ from specdec.drafters.none import NoDrafter
 from specdec.engine.stopping import StopRules, TextState
 from specdec.models.tokenizer import ByteTokenizer
 from specdec.tree.spec import chain
-from tests.helpers import NoTokenizer, run_all, tiny_engine, tiny_model
+from tests.helpers import NoTokenizer, run_all, skip_unless_ci, tiny_engine, tiny_model
 
 BYTES = ByteTokenizer(260)
 EOS = 1  # the byte tokenizer leaves ids 0..3 for special tokens
@@ -31,11 +31,15 @@ def bpe():
     """The default model's tokenizer (a byte-level BPE), loaded without transformers: 0.5 s instead of ~10 s."""
     from tokenizers import Tokenizer
 
-    from specdec.models.registry import DEFAULT_MODEL, cache_root
+    from specdec.errors import OfflineError
+    from specdec.models.registry import DEFAULT_MODEL, cache_root, resolve_alias
 
     path = cache_root() / "models" / DEFAULT_MODEL / "tokenizer.json"
     if not path.is_file():
-        pytest.skip("the default model is not in the cache (the model tests fetch it)")
+        try:
+            path = resolve_alias(DEFAULT_MODEL, show_progress=False) / "tokenizer.json"  # fetched once per machine
+        except OfflineError as exc:
+            skip_unless_ci(f"default model unavailable offline: {exc}")
     return Tokenizer.from_file(str(path))
 
 

@@ -1,7 +1,7 @@
 """Speculative sampling must follow the target's processed distribution exactly, whatever the drafter proposes.
 
 Through the real engine (drafter, one target pass, verifier, KV commit), for the draft model, EAGLE, Medusa and
-n-gram drafters, chains and trees of depth 3, at T=1, T=0.7, top-k and top-p, with drafters that are accepted
+n-gram drafters, chains and trees of depth 3, at T=1, T=0.7, T=0.5, top-k and top-p, with drafters that are accepted
 30-70% of the time at depth 1 (so verification decides often, both ways). Each request generates 5 tokens: the
 first from the prefill, and the bonus after a fully accepted first tree still inside the horizon. Two cases
 cut every tree to a random depth each step (0 included), as the adaptive planner may. The samples
@@ -122,7 +122,19 @@ def test_a_sample_in_an_impossible_cell_fails_outright():
     assert fit.impossible == 1 and fit.p_value == 0.0
 
 
-def test_rare_cells_are_pooled_until_the_pool_expects_five():
+def test_the_statistic_is_calibrated_on_exact_samples(models, joints):
+    """Samples drawn straight from the exact joint must fail at about the nominal rate, not more often: a
+    statistic that rejects the truth too often would let a test pass only by luck of the seed."""
+    joint = joints(L.T05)
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.multinomial(joint.flatten(), 400 * 2000, replacement=True, generator=gen).view(400, 2000)
+    strides = torch.tensor([L.VOCAB ** (L.HORIZON - 1 - k) for k in range(L.HORIZON)])
+    p_values = [L.goodness_of_fit((d[:, None] // strides) % L.VOCAB, joint).p_value for d in draws]
+    rejected = sum(p < 0.05 for p in p_values)
+    assert rejected <= 40, f"{rejected} of 400 exact samples rejected at 0.05 (expected at most about 20)"
+
+
+def test_rare_cells_are_pooled_until_the_pool_expects_enough():
     """One sample in a cell expected 0.01 times must not fail the test by itself (the pool absorbs it)."""
     expected = torch.tensor([0.01, 0.02, 500.0, 499.97], dtype=torch.float64)
     observed = torch.tensor([1.0, 0.0, 500.0, 499.0], dtype=torch.float64)
