@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
@@ -163,11 +163,9 @@ def method_command(spec: str, args: argparse.Namespace) -> list[str]:
 
 
 def llama_cpp_command(args: argparse.Namespace) -> list[str] | None:
-    try:
-        import llama_cpp.server  # noqa: F401
-    except ImportError:
-        return None
-    if not args.llama_cpp_gguf:
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None or not args.llama_cpp_gguf:
         return None
     return [sys.executable, "-m", "llama_cpp.server", "--model", args.llama_cpp_gguf, "--model_alias", "bench",
             "--host", "127.0.0.1", "--port", str(args.llama_cpp_port), "--n_threads", str(args.threads)]

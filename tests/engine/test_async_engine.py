@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from specdec.config import SamplingParams
 from specdec.api import LLM
+from specdec.config import SamplingParams
 from specdec.engine.async_engine import AsyncEngine, EngineDeadError, OverloadedError
 from specdec.errors import PromptTooLongError
 from specdec.models.loader import LoadedModel

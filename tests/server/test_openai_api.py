@@ -54,7 +54,7 @@ def test_chat_uses_the_template_and_streams_the_same_text(client):
     chunks = list(client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=12, temperature=0,
                                                  stream=True, stream_options={"include_usage": True}))
     assert chunks[0].choices[0].delta.role == "assistant"
-    text, finals = stream_text(chunks, chat=True)
+    text, _ = stream_text(chunks, chat=True)
     assert text == whole.choices[0].message.content
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12  # include_usage: a last chunk
 
