@@ -22,7 +22,8 @@ def plain_greedy(llm, prompts, params):
 
 def test_alpha_one_reproduces_plain_greedy_and_accepts_every_node(tiny_llm):
     prompts = id_prompts(4)
-    params = SamplingParams(max_new_tokens=30)
+    # 1 token from the prefill + 6 steps of 5: tau counts emitted tokens, so no last step is cut short
+    params = SamplingParams(max_new_tokens=31)
     plain = plain_greedy(tiny_llm, prompts, params)
     tiny_llm.use("oracle:alpha=1.0,k=4")
     tiny_llm.engine.planner = None  # the full tree every step
