@@ -108,7 +108,8 @@ def sweep(
 ) -> list[AcceptanceReport]:
     """Every drafter x tree x temperature, in that nesting order, on the same prompts and seeds.
 
-    `trees` entries of None mean the drafter's default tree. `sampling` supplies everything but the
+    `trees` entries of None mean the drafter's default tree. Plain decode (`none`) has no tree, so it is
+    measured once per temperature, with the tree left out. `sampling` supplies everything but the
     temperature (max_new_tokens, top_k, ...). `on_report` sees each report as soon as it is measured.
     Save the result with `specdec.experiments.save_reports`.
     """
@@ -118,7 +119,8 @@ def sweep(
         raise ConfigError("a sweep needs at least one drafter, one tree (None = default) and one temperature")
     reports = []
     for drafter in drafters:
-        for tree in trees:
+        drafter_trees = [None] if drafter.split(":", 1)[0].strip() == "none" else trees
+        for tree in drafter_trees:
             for temperature in temperatures:
                 report = measure_acceptance(llm, prompts, replace(base, temperature=temperature), drafter=drafter,
                                             tree=tree, seed=seed, chat=chat, adaptive=adaptive)

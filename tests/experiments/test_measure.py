@@ -125,15 +125,17 @@ def test_sweep_runs_the_grid_and_saves_one_file_set(tiny_llm, tmp_path):
     reports = sweep(tiny_llm, id_prompts(2), drafters=["none", "oracle:alpha=0.5"], trees=[None, "chain:k=2"],
                     temperatures=[0.0, 1.0], sampling=SamplingParams(max_new_tokens=8), chat=False,
                     on_report=seen.append)
-    assert len(reports) == 8 and seen == reports
-    assert [(r.settings.drafter, r.settings.tree, r.settings.temperature) for r in reports[4:]] == [
+    assert len(reports) == 6 and seen == reports  # plain decode once per temperature: it has no tree
+    assert [(r.settings.drafter, r.settings.tree, r.settings.temperature) for r in reports[:2]] == [
+        ("none", "chain:k=0", 0.0), ("none", "chain:k=0", 1.0)]
+    assert [(r.settings.drafter, r.settings.tree, r.settings.temperature) for r in reports[2:]] == [
         ("oracle:alpha=0.5", "chain:k=5", 0.0), ("oracle:alpha=0.5", "chain:k=5", 1.0),
         ("oracle:alpha=0.5", "chain:k=2", 0.0), ("oracle:alpha=0.5", "chain:k=2", 1.0)]
-    assert all(r.tau == 1.0 for r in reports[:4])  # plain decode
+    assert all(r.tau == 1.0 for r in reports[:2])  # plain decode
     paths = save_reports(reports, tmp_path / "sweep")
     assert sorted(paths) == ["csv", "json", "png"]
     assert [r.to_dict() for r in load_reports(paths["json"])] == [r.to_dict() for r in reports]
-    assert json.loads(paths["json"].read_text())["reports"][5]["settings"]["temperature"] == 1.0
+    assert json.loads(paths["json"].read_text())["reports"][3]["settings"]["temperature"] == 1.0
 
 
 def test_bad_inputs_are_config_errors(tiny_llm, tmp_path):
