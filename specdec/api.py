@@ -79,17 +79,9 @@ class LLM:
         if loaded.quantized != quantize:
             if quantize != "int8" or loaded.quantized is not None:
                 raise ConfigError(f"the loaded model is quantized as {loaded.quantized}; it cannot serve {quantize}")
-            if loaded.model.device.type != "cpu":
-                raise ConfigError("int8 quantization uses CPU kernels (fbgemm); on CUDA use bfloat16 instead")
-            from specdec.models.quant import quantize_int8_
+            from specdec.models.quant import quantize_model_int8_
 
-            quantize_int8_(loaded.model)
-            # int8 activations are quantized per token on a coarse grid, so a 1e-7 difference in an attention
-            # output (a different batch, a tree instead of one token) can flip a rounding, and the flips
-            # snowball into different tokens. The int8 linears give a row the same bits in any batch; attention
-            # in float64 (cache and all) makes its fp32 result the same bits too, so speculative and batched
-            # greedy output equal plain greedy output in int8 as they do in fp32 (tests/engine).
-            loaded.model.kv_cache_dtype = torch.float64
+            quantize_model_int8_(loaded.model)
             loaded.quantized = "int8"
         self.engine_config = engine_config or EngineConfig()
         self._planners: dict[tuple[str, TreeSpec], SpeculationPlanner] = {}

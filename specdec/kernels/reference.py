@@ -20,6 +20,8 @@ from torch import Tensor
 import torch.nn.functional as F
 
 _BITS = torch.arange(32, dtype=torch.int32)
+# Rows whose max |x| is below this are scaled as if it were this (as specdec.models.quant does): no 0/0.
+_MIN_ROW_SCALE = 1e-30
 
 
 def write_kv(
@@ -206,3 +208,72 @@ def decode_attention(
     """One query per sequence over its whole paged context: the plain-decode special case."""
     starts = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     return paged_attention(q, k_cache, v_cache, block_tables, seq_lens - 1, starts, None, scale, workspace)
+
+
+# ---- the elementwise steps of a decode layer (the compiled CPU kernels fuse each into one pass) ---------------
+def row_scale(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Rows of `x` (flattened to `[T, H]`) divided by their max |x|, and those maxima `[T, 1]`.
+
+    This is the input form of an int8 linear (specdec.models.quant.Int8DynamicLinear): it quantizes rows in
+    [-1, 1] on a fixed grid, and its output row is multiplied back by the row's max.
+    """
+    flat = x.reshape(x.shape[0], -1).float()
+    m = flat.abs().amax(1, keepdim=True).clamp_min(_MIN_ROW_SCALE)
+    return flat / m, m
+
+
+def rms_norm(
+    x: Tensor,  # [T, H]; updated in place when `residual` is given
+    weight: Tensor,  # [H]
+    eps: float,
+    rowscale: bool = False,
+    residual: Tensor | None = None,  # [T, H] added to x first (the previous sublayer's output)
+    residual_scale: Tensor | None = None,  # [T, 1] multiplies `residual` (the row scale of an int8 linear's output)
+) -> tuple[Tensor, Tensor | None]:
+    """`weight * (x * rsqrt(mean(x^2) + eps))` in fp32, after the residual update; with `rowscale`, in the
+    form `row_scale` gives (the next linear is int8), else with None for the scale."""
+    if residual is not None:
+        x.add_(residual * residual_scale if residual_scale is not None else residual)
+    x32 = x.float()
+    h = (weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+    return row_scale(h) if rowscale else (h, None)
+
+
+def silu_mul(gate_up: Tensor, scale: Tensor | None = None, rowscale: bool = False) -> tuple[Tensor, Tensor | None]:
+    """`[gate | up]` (times its row scale) -> `silu(gate) * up`, optionally in `row_scale` form."""
+    gu = gate_up if scale is None else gate_up * scale
+    gate, up = gu.chunk(2, dim=-1)
+    out = F.silu(gate) * up
+    return row_scale(out) if rowscale else (out, None)
+
+
+def rope_kv(
+    qkv: Tensor,  # [T, (q_heads + 2 kv_heads) * D]: one fused q/k/v projection output per token
+    scale: Tensor | None,  # [T, 1] row scale of that output, or None
+    bias: Tensor | None,  # [(q_heads + 2 kv_heads) * D] added after the scale, or None
+    positions: Tensor,  # [T] int64
+    cos: Tensor,  # [max_position, D] (rotate-half layout: the two halves hold the same angles)
+    sin: Tensor,
+    k_cache: Tensor,  # [num_blocks, block_size, kv_heads, D], written in place
+    v_cache: Tensor,
+    slot_mapping: Tensor,  # [T] int64
+    q_heads: int,
+    kv_heads: int,
+) -> Tensor:  # [T, q_heads, D] rotated queries
+    """Rotary embedding of q and k by each token's position; k and v go into their cache slots."""
+    y = qkv if scale is None else qkv * scale
+    if bias is not None:
+        y = y + bias
+    d = k_cache.shape[3]
+    q, k, v = y.split([q_heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    q, k, v = q.reshape(-1, q_heads, d), k.reshape(-1, kv_heads, d), v.reshape(-1, kv_heads, d)
+    q = q * c + _rotate_half(q) * s
+    k = k * c + _rotate_half(k) * s
+    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

@@ -75,14 +75,21 @@ CPU only, inference only (no autograd through the quantized op). The packed weig
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Int8DynamicLinear", "quantize_int8_", "quantize_weight_per_channel"]
+from specdec.errors import ConfigError
+
+if TYPE_CHECKING:
+    from specdec.models.llama import LlamaModel
+
+__all__ = ["Int8DynamicLinear", "quantize_int8_", "quantize_model_int8_", "quantize_weight_per_channel"]
 
 # Rows whose max |x| is below this are scaled as if it were this (an all-zero row stays zero, no 0/0).
 _MIN_ROW_SCALE = 1e-30
@@ -208,6 +215,12 @@ class Int8DynamicLinear(nn.Module):
             y = y.view(*x.shape[:-1], self.out_features)
         return y if in_dtype == torch.float32 else y.to(in_dtype)
 
+    def forward_unit_rows(self, u: Tensor) -> Tensor:
+        """`(u @ W.T)` for float32 rows `u [T, in]` already divided by their max |x| (so in [-1, 1]), without
+        the bias: the caller multiplies the rows back by their scale (see specdec/models/fast_path.py).
+        Only for `per_token` layers."""
+        return self._row_op(u, self._grid[0], self._grid[1], self._packed)
+
     def extra_repr(self) -> str:
         act = "per_token" if self.per_token else "per_tensor"
         bits = 7 if self.reduce_range else 8
@@ -248,3 +261,24 @@ def quantize_int8_(
             setattr(parent, child_name, replacement)
         count += 1
     return count
+
+
+def quantize_model_int8_(model: "LlamaModel") -> None:
+    """The int8 serving policy for a target model, in place: every linear int8, and K/V in the precision that
+    keeps a row's result the same in any batch.
+
+    int8 activations are quantized per row on a coarse grid, so a 1e-7 difference in an attention output (a
+    different batch, a tree instead of one token) can flip a rounding, and the flips snowball into different
+    tokens. The int8 linears give a row the same bits in any batch. Attention must too: the compiled CPU
+    kernel (specdec/kernels/cpu) has a fixed reduction order per row in float32, so the cache stays float32;
+    without it, the torch reference runs attention in float64 (cache and all), whose float32-rounded result is
+    the same bits in practice, at about twice the memory traffic. Either way speculative and batched greedy
+    output equal plain greedy output in int8 (tests/engine/test_greedy_equivalence.py).
+    """
+    from specdec.kernels import cpu as cpu_kernels
+
+    if model.device.type != "cpu":
+        raise ConfigError("int8 quantization uses CPU kernels (fbgemm); on CUDA use bfloat16 instead")
+    quantize_int8_(model)
+    kv = None if model.dtype == torch.float32 and cpu_kernels.available() else "float64"
+    model.config = dataclasses.replace(model.config, kv_cache_dtype=kv)
