@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,16 +36,19 @@ from torch import nn
 
 from specdec import kernels
 from specdec.api import LLM
+from specdec.kernels import cpu as cpu_kernels
+from specdec.models import fast_path
 from specdec.config import EngineConfig, SamplingParams
 from specdec.data import bench_prompts
 from specdec.drafters.oracle import OracleDrafter
 from specdec.models.llama import Attention, DecoderLayer, LlamaModel, MLP, RMSNorm
 from specdec.models.loader import load_model
+from specdec.models.quant import quantize_model_int8_
 from specdec.models.rope import RotaryEmbedding
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CATEGORIES = ("linears", "lm head", "attention", "kv write", "norms/rope/act", "runner inputs", "sampling/verify",
-              "kv commit", "scheduler/planner", "drafter", "rest (python)")
+CATEGORIES = ("linears", "lm head", "attention", "kv write", "norms/rope/act", "model python", "runner inputs",
+              "sampling/verify", "kv commit", "scheduler/planner", "drafter", "rest (python)")
 # Modules whose own code is elementwise work between the matmuls (norms, rope, silu*up, residual adds, views).
 GLUE = (RMSNorm, RotaryEmbedding, DecoderLayer, Attention, MLP, LlamaModel, nn.Embedding)
 
@@ -89,9 +94,16 @@ class StepTimer:
                 self.patch(module, "forward", "norms/rope/act")
             elif "Linear" in type(module).__name__:
                 self.patch(module, "forward", "linears")
+                for name in ("forward_unit_rows", "forward_q8"):
+                    if hasattr(module, name):
+                        self.patch(module, name, "linears")
         for name in ("paged_attention", "decode_attention"):
             self.patch(kernels, name, "attention")
+            self.patch(cpu_kernels, name, "attention")
         self.patch(kernels, "write_kv", "kv write")
+        for name in ("rms_norm", "silu_mul", "quantize", "rope_kv"):  # rope_kv also writes K/V into the cache
+            self.patch(cpu_kernels, name, "norms/rope/act")
+        self.patch(fast_path, "forward", "model python")
         self.patch(engine.runner, "run", "runner inputs")
         self.patch(engine.runner, "commit_path", "kv commit")
         self.patch(engine, "_verify", "sampling/verify")
@@ -145,10 +157,35 @@ def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, timer: StepTime
     return seconds / steps, tokens / steps / len(seqs)
 
 
+@contextmanager
+def compiled_kernels(on: bool) -> Iterator[None]:
+    """Off: the torch reference path (plain forward, reference attention, float64 K/V for int8): the engine
+    as it was before the compiled kernels, in this same process."""
+    old = os.environ.get("SPECDEC_CPU_KERNELS")
+    os.environ["SPECDEC_CPU_KERNELS"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["SPECDEC_CPU_KERNELS"]
+        else:
+            os.environ["SPECDEC_CPU_KERNELS"] = old
+
+
+PRECISIONS = ("fp32", "int8", "int4", "int8-fbgemm")
+
+
 def build(target: str, precision: str) -> LLM:
+    """fp32; int8 and int4 (QLinear weights, the serving policy); int8-fbgemm (fbgemm's linears with the same
+    compiled attention and norms, the linear kernel used before QLinear)."""
+    if precision not in PRECISIONS:
+        raise SystemExit(f"unknown precision {precision}; choose from {', '.join(PRECISIONS)}")
     loaded = load_model(target, "cpu", "float32", show_progress=False)
-    config = replace(EngineConfig(), adaptive_speculation=False, kv_cache_tokens=8192)
-    return LLM.from_loaded(loaded, quantize="int8" if precision == "int8" else None, engine_config=config)
+    config = replace(EngineConfig(), adaptive_speculation=False, kv_cache_tokens=4096)
+    if precision != "fp32":
+        quantize_model_int8_(loaded.model, bits=4 if precision == "int4" else 8, fbgemm=precision == "int8-fbgemm")
+        loaded.quantized = "int8"
+    return LLM.from_loaded(loaded, quantize=loaded.quantized, engine_config=config)
 
 
 def print_ops(llm: LLM, prompts: list[list[int]], steps: int, top: int) -> None:
@@ -162,7 +199,9 @@ def print_ops(llm: LLM, prompts: list[list[int]], steps: int, top: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m")
-    parser.add_argument("--precision", default="int8,fp32", help="comma list of fp32, int8")
+    parser.add_argument("--precision", default="int8,fp32", help=f"comma list of {', '.join(PRECISIONS)}")
+    parser.add_argument("--kernels", default="on", help="comma list of on (compiled CPU kernels), off (the torch "
+                        "reference path, as before them): 'on,off' measures both in one process")
     parser.add_argument("--batch", default="1", help="comma list of batch sizes")
     parser.add_argument("--tree", action="append", help="tree spec (repeatable); 'none' = plain decode. "
                         "Default: none and dynamic:depth=4,topk=2,budget=7 (8 nodes with the root)")
@@ -176,28 +215,36 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     trees = args.tree or ["none", "dynamic:depth=4,topk=2,budget=7"]
-    llms = {p: build(args.target, p) for p in args.precision.split(",")}
-    configs = [(p, int(b), t, int(c)) for p in llms for b in args.batch.split(",") for t in trees
+    llms = {}
+    for k in args.kernels.split(","):
+        for p in args.precision.split(","):
+            if k == "off" and p in ("int4", "int8-fbgemm"):
+                continue  # both need the compiled kernels; without them int8 is fbgemm already
+            with compiled_kernels(k == "on"):
+                llms[p, k] = build(args.target, p)
+    configs = [(p, int(b), t, int(c), k) for p, k in llms for b in args.batch.split(",") for t in trees
                for c in args.context.split(",")]
     samples: dict[tuple, dict[str, list]] = {c: defaultdict(list) for c in configs}
 
-    def use(precision: str, tree: str) -> LLM:
-        llm = llms[precision]
+    def use(precision: str, tree: str, kernels_on: str) -> LLM:
+        llm = llms[precision, kernels_on]
         llm.use("none") if tree == "none" else llm.use(f"oracle:alpha={args.alpha}", tree)
         return llm
 
     for config in configs:  # warm up every configuration once
-        precision, batch, tree, context = config
-        llm = use(precision, tree)
-        decode_steps(llm, context_prompts(llm, batch, context), 4, None)
+        precision, batch, tree, context, k = config
+        with compiled_kernels(k == "on"):
+            llm = use(precision, tree, k)
+            decode_steps(llm, context_prompts(llm, batch, context), 4, None)
     for _ in range(args.rounds):
         for config in configs:
-            precision, batch, tree, context = config
-            llm = use(precision, tree)
-            prompts = context_prompts(llm, batch, context)
-            plain_s, _ = decode_steps(llm, prompts, args.steps, None)
-            timer = StepTimer()
-            wrapped_s, tokens = decode_steps(llm, prompts, args.steps, timer)
+            precision, batch, tree, context, k = config
+            with compiled_kernels(k == "on"):
+                llm = use(precision, tree, k)
+                prompts = context_prompts(llm, batch, context)
+                plain_s, _ = decode_steps(llm, prompts, args.steps, None)
+                timer = StepTimer()
+                wrapped_s, tokens = decode_steps(llm, prompts, args.steps, timer)
             s = samples[config]
             s["unwrapped"].append(plain_s)
             s["wrapped"].append(wrapped_s)
@@ -208,16 +255,16 @@ def main() -> None:
             s["untimed"].append(wrapped_s - timed)  # outside engine.step (the loop itself): ~0
     rows = []
     for config in configs:
-        precision, batch, tree, context = config
+        precision, batch, tree, context, k = config
         s = samples[config]
-        rows.append({"precision": precision, "batch": batch, "tree": tree, "context": context,
+        rows.append({"precision": precision, "batch": batch, "tree": tree, "context": context, "kernels": k,
                      "ms_per_step": 1e3 * statistics.median(s["unwrapped"]),
                      "ms_per_step_wrapped": 1e3 * statistics.median(s["wrapped"]),
                      "tokens_per_step_per_seq": statistics.median(s["tokens"]),
                      "split_ms": {cat: 1e3 * statistics.median(s[cat]) for cat in CATEGORIES}})
-    base = {(r["precision"], r["batch"], r["context"]): r for r in rows if r["tree"] == "none"}
+    base = {(r["precision"], r["batch"], r["context"], r["kernels"]): r for r in rows if r["tree"] == "none"}
     for r in rows:
-        plain = base.get((r["precision"], r["batch"], r["context"]))
+        plain = base.get((r["precision"], r["batch"], r["context"], r["kernels"]))
         verify = r["ms_per_step"] - r["split_ms"]["drafter"]
         r["verify_ms"] = verify
         r["verify_over_plain_step"] = verify / plain["ms_per_step"] if plain else None
@@ -232,10 +279,11 @@ def main() -> None:
     args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
     if args.ops:
-        for precision, batch, tree, context in configs:
-            llm = use(precision, tree)
-            print(f"\n== {precision} batch {batch} tree {tree} context {context}")
-            print_ops(llm, context_prompts(llm, batch, context), args.steps, 25)
+        for precision, batch, tree, context, k in configs:
+            with compiled_kernels(k == "on"):
+                llm = use(precision, tree, k)
+                print(f"\n== {precision} batch {batch} tree {tree} context {context} kernels {k}")
+                print_ops(llm, context_prompts(llm, batch, context), args.steps, 25)
 
 
 def print_table(rows: list[dict], args: argparse.Namespace) -> None:
@@ -244,7 +292,7 @@ def print_table(rows: list[dict], args: argparse.Namespace) -> None:
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
-        name = f"{r['precision']} b{r['batch']} {r['tree']} ctx{r['context']}"
+        name = f"{r['precision']} b{r['batch']} {r['tree']} ctx{r['context']} kernels {r['kernels']}"
         ratio = f"{r['verify_over_plain_step']:.2f}x" if r["verify_over_plain_step"] is not None else "-"
         cells = [name, f"{r['ms_per_step']:.1f}", f"{r['ms_per_step_wrapped']:.1f}",
                  f"{r['tokens_per_step_per_seq']:.2f}"] + [f"{r['split_ms'][c]:.2f}" for c in CATEGORIES] + [ratio]

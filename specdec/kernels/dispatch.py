@@ -77,17 +77,25 @@ def decode_attention(
     return backend.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float, rowscale: bool = False, residual: Tensor | None = None,
-             residual_scale: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-    return _elementwise(x).rms_norm(x, weight, eps, rowscale, residual, residual_scale)
+def rms_norm(x: Tensor, weight: Tensor, eps: float, mode: int = 0, residual: Tensor | None = None,
+             residual_scale: Tensor | None = None) -> list[Tensor]:
+    return _elementwise(x).rms_norm(x, weight, eps, mode, residual, residual_scale)
 
 
-def silu_mul(gate_up: Tensor, scale: Tensor | None = None, rowscale: bool = False) -> tuple[Tensor, Tensor | None]:
-    return _elementwise(gate_up).silu_mul(gate_up, scale, rowscale)
+def silu_mul(gate_up: Tensor, scale: Tensor | None = None, mode: int = 0) -> list[Tensor]:
+    return _elementwise(gate_up).silu_mul(gate_up, scale, mode)
 
 
-def row_scale(x: Tensor) -> tuple[Tensor, Tensor]:
-    return _elementwise(x).row_scale(x)
+def quantize(x: Tensor, mode: int) -> list[Tensor]:
+    return _elementwise(x).quantize(x, mode)
+
+
+def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None) -> Tensor:
+    return _elementwise(s).linear_q8(q, s, w, w_scale, bias)
+
+
+def linear_q4(q: Tensor, s: Tensor, gsum: Tensor, w: Tensor, d: Tensor, m_t: Tensor, bias: Tensor | None = None) -> Tensor:
+    return _elementwise(s).linear_q4(q, s, gsum, w, d, m_t, bias)
 
 
 def rope_kv(qkv: Tensor, scale: Tensor | None, bias: Tensor | None, positions: Tensor, cos: Tensor, sin: Tensor,

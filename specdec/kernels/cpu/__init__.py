@@ -25,17 +25,19 @@ from torch import Tensor
 
 from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: one torch op each already
 
-__all__ = ["available", "copy_kv_slots", "decode_attention", "paged_attention", "rms_norm", "rope_kv", "row_scale",
-           "silu_mul", "write_kv"]
-SOURCES = ("attention.cpp", "fused.cpp")
+__all__ = ["available", "copy_kv_slots", "decode_attention", "linear_q4", "linear_q8", "paged_attention", "quantize",
+           "rms_norm", "rope_kv", "silu_mul", "write_kv"]
+SOURCES = ("attention.cpp", "fused.cpp", "qlinear.cpp")
 _HERE = Path(__file__).resolve().parent
 
 
-@functools.lru_cache(maxsize=None)
 def available() -> bool:
-    """Whether the compiled kernels are loaded (building them on the first call of a process if needed)."""
-    if os.environ.get("SPECDEC_CPU_KERNELS", "") == "0":
-        return False
+    """Whether the compiled kernels serve (building them on the first call of a process if needed)."""
+    return os.environ.get("SPECDEC_CPU_KERNELS", "") != "0" and _loaded()
+
+
+@functools.lru_cache(maxsize=None)
+def _loaded() -> bool:
     try:
         _build()
     except Exception as exc:  # no compiler, no ninja, a failed build: the torch reference serves instead
@@ -51,7 +53,7 @@ def _build() -> None:
     capability = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
     flags = ["-O3", "-ffp-contract=off"]  # every FMA is explicit (vec.h): one rounding rule for every row
     if capability.startswith("AVX"):  # AVX512 machines run the AVX2 build: one tested code path on x86
-        flags += ["-mavx2", "-mfma"]
+        flags += ["-mavx2", "-mfma", "-mf16c"]
     name = f"specdec_cpu_{capability.lower()}"
     # $SPECDEC_CACHE as specdec.models.registry.cache_root reads it (kernels sit below models: no import).
     root = Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec").expanduser()
@@ -65,7 +67,7 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
                     query_start_loc: Tensor, tree_mask: Tensor | None, scale: float,
                     workspace: dict | None = None) -> Tensor:
     """float32 only; `workspace` is accepted for the reference's signature and unused."""
-    return torch.ops.specdec_cpu.paged_attention(q, k_cache, v_cache, block_tables, prefix_lens, query_start_loc,
+    return torch.ops.specdec_cpu.paged_attention(q.contiguous(), k_cache, v_cache, block_tables, prefix_lens, query_start_loc,
                                                  tree_mask, scale)
 
 
@@ -75,21 +77,25 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: 
     return paged_attention(q, k_cache, v_cache, block_tables, seq_lens - 1, starts, None, scale)
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float, rowscale: bool = False, residual: Tensor | None = None,
-             residual_scale: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-    if rowscale:
-        return torch.ops.specdec_cpu.rms_norm_rowscale(x, weight, eps, residual, residual_scale)
-    return torch.ops.specdec_cpu.rms_norm(x, weight, eps, residual, residual_scale), None
+def rms_norm(x: Tensor, weight: Tensor, eps: float, mode: int = 0, residual: Tensor | None = None,
+             residual_scale: Tensor | None = None) -> list[Tensor]:
+    return torch.ops.specdec_cpu.rms_norm(x, weight, eps, mode, residual, residual_scale)
 
 
-def silu_mul(gate_up: Tensor, scale: Tensor | None = None, rowscale: bool = False) -> tuple[Tensor, Tensor | None]:
-    if rowscale:
-        return torch.ops.specdec_cpu.silu_mul_rowscale(gate_up, scale)
-    return torch.ops.specdec_cpu.silu_mul(gate_up, scale), None
+def silu_mul(gate_up: Tensor, scale: Tensor | None = None, mode: int = 0) -> list[Tensor]:
+    return torch.ops.specdec_cpu.silu_mul(gate_up, scale, mode)
 
 
-def row_scale(x: Tensor) -> tuple[Tensor, Tensor]:
-    return torch.ops.specdec_cpu.row_scale(x)
+def quantize(x: Tensor, mode: int) -> list[Tensor]:
+    return torch.ops.specdec_cpu.quantize(x, mode)
+
+
+def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None) -> Tensor:
+    return torch.ops.specdec_cpu.linear_q8(q, s, w, w_scale, bias)
+
+
+def linear_q4(q: Tensor, s: Tensor, gsum: Tensor, w: Tensor, d: Tensor, m_t: Tensor, bias: Tensor | None = None) -> Tensor:
+    return torch.ops.specdec_cpu.linear_q4(q, s, gsum, w, d, m_t, bias)
 
 
 def rope_kv(qkv: Tensor, scale: Tensor | None, bias: Tensor | None, positions: Tensor, cos: Tensor, sin: Tensor,

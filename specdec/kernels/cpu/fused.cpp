@@ -4,15 +4,18 @@
 // depend on the other rows of the batch (see vec.h). The torch equivalents, with the same arguments, are in
 // specdec/kernels/reference.py; tests/kernels/test_cpu_kernels.py holds the two against each other.
 //
-// "rowscale" outputs serve int8 linears (specdec.models.quant.Int8DynamicLinear): a row u = h / max|h| in
-// [-1, 1] plus its scale m = max|h|, so the linear quantizes u on a fixed grid and its output row is
-// multiplied back by m, which the *next* kernel does (it takes the scale as `scale`).
+// Each producer writes its output row h in the form its consumer takes (`mode`):
+//   0 float:    [h]                        for a float linear
+//   1 rowscale: [h / max|h|, max|h| [T,1]] for Int8DynamicLinear (fbgemm): it quantizes the row on a fixed
+//               grid and its output row is multiplied back by max|h|, which the *next* kernel does (`scale`)
+//   2 q8:       [q int8, s [T,1], gsum [T, H/32]] for QLinear (qlinear.cpp): q = round(h * 127 / max|h|),
+//               s = max|h| / 127, gsum = sums of q over each group of 32 (for int4 weights' offsets)
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <cmath>
-#include <tuple>
+#include <vector>
 
 #include "vec.h"
 
@@ -21,6 +24,7 @@ namespace {
 
 constexpr float kMinRowScale = 1e-30f;  // as specdec.models.quant._MIN_ROW_SCALE
 constexpr int64_t kGrain = 8;           // rows per parallel task
+constexpr int64_t kGroup = 32;          // q8 group of gsum (and of int4 weights)
 
 void check_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), name, " must be [T, H] float32, contiguous");
@@ -33,8 +37,7 @@ const float* scale_ptr(const c10::optional<at::Tensor>& scale, int64_t rows) {
   return scale->data_ptr<float>();
 }
 
-// Divides h by max|h| in place; returns max|h| (clamped away from 0).
-float rowscale_inplace(float* h, int64_t n) {
+float abs_max(const float* h, int64_t n) {
   vf m = splat(0.0f);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -43,17 +46,78 @@ float rowscale_inplace(float* h, int64_t n) {
   }
   float mx = hmax(m);
   for (; i < n; ++i) mx = std::fabs(h[i]) > mx ? std::fabs(h[i]) : mx;
-  mx = mx > kMinRowScale ? mx : kMinRowScale;
-  const vf d = splat(mx);
-  for (i = 0; i + kLanes <= n; i += kLanes) store(h + i, load(h + i) / d);
-  for (; i < n; ++i) h[i] = h[i] / mx;
-  return mx;
+  return mx > kMinRowScale ? mx : kMinRowScale;
 }
 
-// x (+= residual * residual_scale, in place) -> weight * (x * rsqrt(mean(x^2) + eps)) [/ its max].
-std::tuple<at::Tensor, at::Tensor> rms_norm_impl(at::Tensor& x, const at::Tensor& weight, double eps, bool rowscale,
-                                                 const c10::optional<at::Tensor>& residual,
-                                                 const c10::optional<at::Tensor>& residual_scale) {
+// Where a producer's rows go, in the consumer's form.
+struct Output {
+  int mode;
+  int64_t n;
+  float* h = nullptr;    // mode 0, 1: [T, n] float
+  float* scale = nullptr;  // mode 1, 2: [T]
+  int8_t* q = nullptr;   // mode 2: [T, n]
+  float* gsum = nullptr;  // mode 2: [T, n / 32]
+  std::vector<at::Tensor> tensors;
+
+  Output(int mode_, int64_t rows, int64_t n_, const at::TensorOptions& opt) : mode(mode_), n(n_) {
+    TORCH_CHECK(mode >= 0 && mode <= 2, "mode must be 0 (float), 1 (rowscale) or 2 (q8)");
+    if (mode < 2) {
+      tensors.push_back(at::empty({rows, n}, opt));
+      h = tensors.back().data_ptr<float>();
+    } else {
+      TORCH_CHECK(n % kGroup == 0, "q8 output needs a width divisible by 32");
+      tensors.push_back(at::empty({rows, n}, opt.dtype(at::kChar)));
+      q = tensors.back().data_ptr<int8_t>();
+    }
+    if (mode > 0) {
+      tensors.push_back(at::empty({rows, 1}, opt));
+      scale = tensors.back().data_ptr<float>();
+    }
+    if (mode == 2) {
+      tensors.push_back(at::empty({rows, n / kGroup}, opt));
+      gsum = tensors.back().data_ptr<float>();
+    }
+  }
+
+  // Row buffer the producer writes h into: the output itself for float forms, else `scratch`.
+  float* row(int64_t r, std::vector<float>& scratch) {
+    if (mode < 2) return h + r * n;
+    scratch.resize(n);
+    return scratch.data();
+  }
+
+  void finish(int64_t r, float* hr) {
+    if (mode == 0) return;
+    const float mx = abs_max(hr, n);
+    if (mode == 1) {
+      const vf d = splat(mx);
+      int64_t i = 0;
+      for (; i + kLanes <= n; i += kLanes) store(hr + i, load(hr + i) / d);
+      for (; i < n; ++i) hr[i] = hr[i] / mx;
+      scale[r] = mx;
+      return;
+    }
+    const float inv = 127.0f / mx;
+    int8_t* qr = q + r * n;
+    float* gs = gsum + r * (n / kGroup);
+    for (int64_t g = 0; g < n / kGroup; ++g) {
+      int32_t total = 0;
+      for (int64_t i = g * kGroup; i < (g + 1) * kGroup; ++i) {
+        float v = std::nearbyint(hr[i] * inv);
+        v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+        qr[i] = static_cast<int8_t>(v);
+        total += qr[i];
+      }
+      gs[g] = static_cast<float>(total);
+    }
+    scale[r] = mx / 127.0f;
+  }
+};
+
+// x (+= residual * residual_scale, in place) -> weight * (x * rsqrt(mean(x^2) + eps)), in `mode`'s form.
+std::vector<at::Tensor> rms_norm(at::Tensor x, const at::Tensor& weight, double eps, int64_t mode,
+                                 const c10::optional<at::Tensor>& residual,
+                                 const c10::optional<at::Tensor>& residual_scale) {
   check_rows(x, "x");
   const int64_t rows = x.size(0), n = x.size(1);
   TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.is_contiguous() && weight.numel() == n, "weight must be [H] float32");
@@ -64,17 +128,15 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_impl(at::Tensor& x, const at::Tensor
     res = residual->data_ptr<float>();
   }
   const float* rs = scale_ptr(residual_scale, rows);
-  at::Tensor out = at::empty_like(x);
-  at::Tensor scales = rowscale ? at::empty({rows, 1}, x.options()) : at::Tensor();
+  Output out(static_cast<int>(mode), rows, n, x.options());
   float* xp = x.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  float* sp = rowscale ? scales.data_ptr<float>() : nullptr;
   const float e = static_cast<float>(eps);
   at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch;
     for (int64_t r = begin; r < end; ++r) {
       float* xr = xp + r * n;
-      float* o = op + r * n;
+      float* o = out.row(r, scratch);
       if (res) {
         const float* y = res + r * n;
         int64_t i = 0;
@@ -99,40 +161,26 @@ std::tuple<at::Tensor, at::Tensor> rms_norm_impl(at::Tensor& x, const at::Tensor
       const vf iv = splat(inv);
       for (i = 0; i + kLanes <= n; i += kLanes) store(o + i, load(w + i) * (load(xr + i) * iv));
       for (; i < n; ++i) o[i] = w[i] * (xr[i] * inv);
-      if (rowscale) sp[r] = rowscale_inplace(o, n);
+      out.finish(r, o);
     }
   });
-  return {out, scales};
+  return out.tensors;
 }
 
-at::Tensor rms_norm(at::Tensor x, const at::Tensor& weight, double eps, const c10::optional<at::Tensor>& residual,
-                    const c10::optional<at::Tensor>& residual_scale) {
-  return std::get<0>(rms_norm_impl(x, weight, eps, false, residual, residual_scale));
-}
-
-std::tuple<at::Tensor, at::Tensor> rms_norm_rowscale(at::Tensor x, const at::Tensor& weight, double eps,
-                                                     const c10::optional<at::Tensor>& residual,
-                                                     const c10::optional<at::Tensor>& residual_scale) {
-  return rms_norm_impl(x, weight, eps, true, residual, residual_scale);
-}
-
-// [gate | up] (times a row scale) -> silu(gate) * up [/ its max].
-std::tuple<at::Tensor, at::Tensor> silu_mul_impl(const at::Tensor& gate_up, const c10::optional<at::Tensor>& scale,
-                                                 bool rowscale) {
+// [gate | up] (times a row scale) -> silu(gate) * up, in `mode`'s form.
+std::vector<at::Tensor> silu_mul(const at::Tensor& gate_up, const c10::optional<at::Tensor>& scale, int64_t mode) {
   check_rows(gate_up, "gate_up");
   const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
   TORCH_CHECK(gate_up.size(1) == 2 * n, "gate_up must have an even width");
   const float* s = scale_ptr(scale, rows);
-  at::Tensor out = at::empty({rows, n}, gate_up.options());
-  at::Tensor scales = rowscale ? at::empty({rows, 1}, gate_up.options()) : at::Tensor();
+  Output out(static_cast<int>(mode), rows, n, gate_up.options());
   const float* gp = gate_up.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  float* sp = rowscale ? scales.data_ptr<float>() : nullptr;
   at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch;
     for (int64_t r = begin; r < end; ++r) {
       const float* g = gp + r * 2 * n;
       const float* u = g + n;
-      float* o = op + r * n;
+      float* o = out.row(r, scratch);
       const vf sv = splat(s ? s[r] : 1.0f);
       const vf one = splat(1.0f);
       int64_t i = 0;
@@ -152,32 +200,29 @@ std::tuple<at::Tensor, at::Tensor> silu_mul_impl(const at::Tensor& gate_up, cons
         }
         o[i] = gv / (1.0f + sexp(-gv)) * uv;
       }
-      if (rowscale) sp[r] = rowscale_inplace(o, n);
+      out.finish(r, o);
     }
   });
-  return {out, scales};
+  return out.tensors;
 }
 
-at::Tensor silu_mul(const at::Tensor& gate_up, const c10::optional<at::Tensor>& scale) {
-  return std::get<0>(silu_mul_impl(gate_up, scale, false));
-}
-
-std::tuple<at::Tensor, at::Tensor> silu_mul_rowscale(const at::Tensor& gate_up, const c10::optional<at::Tensor>& scale) {
-  return silu_mul_impl(gate_up, scale, true);
-}
-
-std::tuple<at::Tensor, at::Tensor> row_scale(const at::Tensor& x) {
+// Rows of x (flattened to [T, H]) in `mode`'s form (1 or 2): the input of an int8 linear.
+std::vector<at::Tensor> quantize(const at::Tensor& x, int64_t mode) {
   at::Tensor flat = x.reshape({x.size(0), -1}).contiguous();
   check_rows(flat, "x");
+  TORCH_CHECK(mode == 1 || mode == 2, "quantize: mode must be 1 (rowscale) or 2 (q8)");
   const int64_t rows = flat.size(0), n = flat.size(1);
-  at::Tensor out = flat.clone();
-  at::Tensor scales = at::empty({rows, 1}, flat.options());
-  float* op = out.data_ptr<float>();
-  float* sp = scales.data_ptr<float>();
+  Output out(static_cast<int>(mode), rows, n, flat.options());
+  const float* xp = flat.data_ptr<float>();
   at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) sp[r] = rowscale_inplace(op + r * n, n);
+    std::vector<float> scratch;
+    for (int64_t r = begin; r < end; ++r) {
+      float* o = out.row(r, scratch);
+      std::memcpy(o, xp + r * n, n * sizeof(float));
+      out.finish(r, o);
+    }
   });
-  return {out, scales};
+  return out.tensors;
 }
 
 // Rotate one head vector (rotate-half layout: pairs (i, i + D/2)) by cos/sin rows into dst.
@@ -248,17 +293,13 @@ at::Tensor rope_kv(const at::Tensor& qkv, const c10::optional<at::Tensor>& scale
 }  // namespace specdec
 
 TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {
-  m.def("rms_norm(Tensor(a!) x, Tensor weight, float eps, Tensor? residual, Tensor? residual_scale) -> Tensor");
-  m.def("rms_norm_rowscale(Tensor(a!) x, Tensor weight, float eps, Tensor? residual, Tensor? residual_scale) -> (Tensor, Tensor)");
-  m.def("silu_mul(Tensor gate_up, Tensor? scale) -> Tensor");
-  m.def("silu_mul_rowscale(Tensor gate_up, Tensor? scale) -> (Tensor, Tensor)");
-  m.def("row_scale(Tensor x) -> (Tensor, Tensor)");
+  m.def("rms_norm(Tensor(a!) x, Tensor weight, float eps, int mode, Tensor? residual, Tensor? residual_scale) -> Tensor[]");
+  m.def("silu_mul(Tensor gate_up, Tensor? scale, int mode) -> Tensor[]");
+  m.def("quantize(Tensor x, int mode) -> Tensor[]");
   m.def("rope_kv(Tensor qkv, Tensor? scale, Tensor? bias, Tensor positions, Tensor cos, Tensor sin, Tensor(a!) k_cache, "
         "Tensor(b!) v_cache, Tensor slot_mapping, int q_heads, int kv_heads) -> Tensor");
   m.impl("rms_norm", c10::DispatchKey::CPU, &specdec::rms_norm);
-  m.impl("rms_norm_rowscale", c10::DispatchKey::CPU, &specdec::rms_norm_rowscale);
   m.impl("silu_mul", c10::DispatchKey::CPU, &specdec::silu_mul);
-  m.impl("silu_mul_rowscale", c10::DispatchKey::CPU, &specdec::silu_mul_rowscale);
-  m.impl("row_scale", c10::DispatchKey::CPU, &specdec::row_scale);
+  m.impl("quantize", c10::DispatchKey::CPU, &specdec::quantize);
   m.impl("rope_kv", c10::DispatchKey::CPU, &specdec::rope_kv);
 }
