@@ -20,6 +20,7 @@ the two are measured alternately in one process so that drift on a shared machin
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -184,7 +185,7 @@ def build(target: str, precision: str) -> LLM:
     config = replace(EngineConfig(), adaptive_speculation=False, kv_cache_tokens=4096)
     if precision != "fp32":
         quantize_model_int8_(loaded.model, bits=4 if precision == "int4" else 8, fbgemm=precision == "int8-fbgemm")
-        loaded.quantized = "int8"
+        loaded.quantized = "int4" if precision == "int4" else "int8"
     return LLM.from_loaded(loaded, quantize=loaded.quantized, engine_config=config)
 
 
@@ -222,6 +223,7 @@ def main() -> None:
                 continue  # both need the compiled kernels; without them int8 is fbgemm already
             with compiled_kernels(k == "on"):
                 llms[p, k] = build(args.target, p)
+            gc.collect()
     configs = [(p, int(b), t, int(c), k) for p, k in llms for b in args.batch.split(",") for t in trees
                for c in args.context.split(",")]
     samples: dict[tuple, dict[str, list]] = {c: defaultdict(list) for c in configs}

@@ -72,17 +72,17 @@ class LLM:
         self.loaded = loaded
         self.target = target
         self.quantize = quantize
-        if quantize not in (None, "none", "int8"):
-            raise ConfigError(f"unknown quantization '{quantize}'; choose int8 or none")
+        if quantize not in (None, "none", "int8", "int4"):
+            raise ConfigError(f"unknown quantization '{quantize}'; choose int8, int4 or none")
         if quantize == "none":
             quantize = self.quantize = None
         if loaded.quantized != quantize:
-            if quantize != "int8" or loaded.quantized is not None:
+            if quantize not in ("int8", "int4") or loaded.quantized is not None:
                 raise ConfigError(f"the loaded model is quantized as {loaded.quantized}; it cannot serve {quantize}")
             from specdec.models.quant import quantize_model_int8_
 
-            quantize_model_int8_(loaded.model)
-            loaded.quantized = "int8"
+            quantize_model_int8_(loaded.model, bits=4 if quantize == "int4" else 8)
+            loaded.quantized = quantize
         self.engine_config = engine_config or EngineConfig()
         self._planners: dict[tuple[str, TreeSpec], SpeculationPlanner] = {}
         self.use(drafter, tree)
@@ -98,7 +98,8 @@ class LLM:
     def use(self, drafter: str = "none", tree: str | None = None) -> None:
         """Switch drafter and tree shape; the target model (and its weights) stay loaded."""
         model = self.loaded.model
-        ctx = DrafterContext(self.loaded, self.engine_config, model.device, model.dtype, self.quantize)
+        drafts = "int8" if self.quantize == "int4" else self.quantize  # int4 targets get int8 drafts
+        ctx = DrafterContext(self.loaded, self.engine_config, model.device, model.dtype, drafts)
         self.drafter_spec = drafter
         self.drafter = build_drafter(drafter, ctx)
         spec = parse_tree_spec(tree, self.engine_config.max_tree_nodes) if tree else self.drafter.default_tree()
