@@ -105,6 +105,9 @@ class StepTimer:
         for name in ("rms_norm", "silu_mul", "quantize", "rope_kv"):  # rope_kv also writes K/V into the cache
             self.patch(cpu_kernels, name, "norms/rope/act")
         self.patch(fast_path, "forward", "model python")
+        # The one-call path (all layers in one C++ op) times its own parts; `remove` moves them out of its call.
+        self.patch(cpu_kernels, "decode_layers", "model python")
+        fast_path.TIMINGS["decode_layers"] = torch.zeros(3, dtype=torch.float64)
         self.patch(engine.runner, "run", "runner inputs")
         self.patch(engine.runner, "commit_path", "kv commit")
         self.patch(engine, "_verify", "sampling/verify")
@@ -120,6 +123,11 @@ class StepTimer:
     def remove(self) -> None:
         while self._undo:
             self._undo.pop()()
+        cpp = fast_path.TIMINGS.pop("decode_layers", None)
+        if cpp is not None:
+            for category, seconds in zip(("linears", "attention", "norms/rope/act"), cpp.tolist()):
+                self.totals[category] += seconds
+                self.totals["model python"] -= seconds
 
 
 def context_prompts(llm: LLM, batch: int, length: int) -> list[list[int]]:

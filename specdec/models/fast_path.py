@@ -59,6 +59,56 @@ def _project(linear: nn.Module, act: list[Tensor], form: int) -> tuple[Tensor, T
     return linear.forward(act[0]), None
 
 
+# A [3] float64 tensor under "decode_layers" makes the one-call path add its seconds in linears, attention and the
+# rest to it (bench/profile_step.py); empty otherwise.
+TIMINGS: dict[str, Tensor] = {}
+
+
+def _linear_params(linear: nn.Module) -> tuple[int, list[Tensor | None]] | None:
+    """(kind, [a, b, c, bias]) of a linear for decode_layers, or None if it has no such form (fbgemm)."""
+    if isinstance(linear, QLinear):
+        if linear.bits == 8:
+            return 8, [linear.weight, linear.weight_scale, None, linear.bias]
+        return 4, [linear.weight, linear.d, linear.m_t, linear.bias]
+    if type(linear) is nn.Linear:
+        return 0, [linear.weight, None, None, linear.bias]
+    return None
+
+
+def _one_call_plan(model: "LlamaModel", num_layers: int) -> object | None:
+    """decode_layers' weights for these layers (None if a layer has no such form), cached on the model while
+    its linears and norm weights stay the same objects: quantizing replaces them, which the check below sees.
+    The check reads the module dicts directly (nn.Module attribute access would cost a millisecond a step)."""
+    cached = getattr(model, "_fast_path_plan", None)
+    if cached is not None and cached[0] == num_layers and all(d.get(name) is obj for d, name, obj in cached[1]):
+        return cached[2]
+    layers = model.layers[:num_layers]
+    slots = []  # (dict, key, object) for every linear and norm weight the plan holds
+    params: list[Tensor | None] = []
+    kinds: list[int] = []
+    weights = None
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            slots.append((norm._parameters, "weight", norm.weight))
+            params.append(norm.weight)
+        for owner, name in ((attn, "qkv_proj"), (attn, "o_proj"), (mlp, "gate_up_proj"), (mlp, "down_proj")):
+            linear = owner._modules[name]
+            slots.append((owner._modules, name, linear))
+            entry = _linear_params(linear)
+            if entry is None:
+                break
+            kinds.append(entry[0])
+            params += entry[1]
+        else:
+            continue
+        break
+    else:
+        weights = cpu_kernels.layer_weights(params, kinds)
+    object.__setattr__(model, "_fast_path_plan", (num_layers, slots, weights))
+    return weights
+
+
 def forward(
     model: "LlamaModel",
     input_ids: Tensor,
@@ -75,10 +125,21 @@ def forward(
     c = model.config
     rope = model.rope
     x = model.embed_tokens(input_ids)
+    layers = model.layers[: num_layers or len(model.layers)]
+    weights = None if capture_layers else _one_call_plan(model, len(layers))
+    if weights is not None:  # every layer in one C++ call
+        k_caches, v_caches = [k for k, _ in kv_caches[: len(layers)]], [v for _, v in kv_caches[: len(layers)]]
+        hidden = cpu_kernels.decode_layers(x, positions, ctx.slot_mapping, ctx.block_tables, ctx.prefix_lens,
+                                           ctx.query_start_loc, ctx.tree_mask, rope.cos, rope.sin, k_caches, v_caches,
+                                           weights, model.norm.weight, c.num_heads, c.num_kv_heads, c.rms_eps,
+                                           layers[0].self_attn.scale, TIMINGS.get("decode_layers"))
+        rows = hidden if logits_rows is None else hidden.index_select(0, logits_rows)
+        logits = model.lm_head(rows).float() if rows.shape[0] else None
+        return ForwardOutput(logits=logits, hidden=hidden if return_hidden else None, layer_inputs={})
     pending: Tensor | None = None  # the last sublayer's output, not yet added to x
     pending_scale: Tensor | None = None  # its row scale (fbgemm int8), or None
     captured: dict[int, Tensor] = {}
-    for index, layer in enumerate(model.layers[: num_layers or len(model.layers)]):
+    for index, layer in enumerate(layers):
         attn, mlp = layer.self_attn, layer.mlp
         if index in capture_layers:
             if pending is not None:

@@ -22,9 +22,10 @@ def _model(seed: int, qkv_bias: bool = False):
 
     config = replace(tiny_config(vocab=40, layers=3, hidden=64, heads=4, kv_heads=2), qkv_bias=qkv_bias)
     model = build_model(config, None, torch.float32, torch.device("cpu"), seed=seed)
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in model.parameters():  # weights of a trained model's size, norms away from one
-            p.copy_(torch.randn(p.shape, generator=torch.Generator().manual_seed(seed + p.numel())) * 0.3)
+        for p in model.parameters():  # every tensor its own random values; norms away from one
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     return model
 
 
@@ -81,13 +82,38 @@ def test_fast_path_matches_the_plain_forward(monkeypatch, kind, tol):
         torch.testing.assert_close(fv, pv, atol=tol * pv.abs().max(), rtol=0)
 
 
+@pytest.mark.parametrize("kind", ["fp32", "q8", "q4"])
+def test_one_call_layers_equal_the_step_by_step_loop_bit_for_bit(monkeypatch, kind):
+    """decode_layers (all layers in one C++ call) runs the same kernels as the Python loop, which a capture of
+    layer 0's input forces (EAGLE-3 features): the same bits."""
+    model = _model(4)
+    _quantize(model, kind)
+    one_call, one_cache = _forward(model, monkeypatch, True)
+    loop, loop_cache = _forward(model, monkeypatch, True, capture_layers=(0,))
+    assert loop.layer_inputs and not one_call.layer_inputs
+    assert torch.equal(one_call.logits, loop.logits)
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(one_cache.layers, loop_cache.layers))
+
+
 def test_fast_path_comparison_can_fail(monkeypatch):
-    """The same comparison notices a wrong kernel: a rope that forgets the bias."""
+    """The comparisons above notice a wrong kernel (a rope that half forgets the bias, in the loop) and a wrong
+    plan for the one-call path (a bias on every linear)."""
     model = _model(2, qkv_bias=True)
     plain, _ = _forward(model, monkeypatch, False)
     real = cpu.rope_kv
     monkeypatch.setattr(cpu, "rope_kv", lambda qkv, scale, bias, *rest: real(qkv - model.layers[0].self_attn.qkv_proj.bias
                                                                             * 0.5, scale, bias, *rest))
+    broken, _ = _forward(model, monkeypatch, True, capture_layers=(0,))
+    assert not torch.allclose(broken.logits, plain.logits, atol=1e-3 * plain.logits.abs().max())
+    monkeypatch.setattr(cpu, "rope_kv", real)
+    real_plan = fast_path._linear_params
+
+    def negated_bias(linear):  # every qkv, o, gate_up and down of the one-call plan gets a wrong bias
+        kind, params = real_plan(linear)
+        return kind, params[:3] + [torch.ones(linear.out_features)]
+
+    monkeypatch.setattr(fast_path, "_linear_params", negated_bias)
+    object.__setattr__(model, "_fast_path_plan", None)  # rebuild the plan with the wrong biases
     broken, _ = _forward(model, monkeypatch, True)
     assert not torch.allclose(broken.logits, plain.logits, atol=1e-3 * plain.logits.abs().max())
 
@@ -100,3 +126,11 @@ def test_fast_path_serves_float32_cpu_models_only():
     assert fast_path.applies(model, fp32.layers)
     assert not fast_path.applies(model, fp64.layers)  # int8 without kernels: float64 attention, plain path
     assert not fast_path.applies(model.to(torch.bfloat16), fp32.layers)
+
+
+def test_quantizing_after_a_forward_rebuilds_the_one_call_plan(monkeypatch):
+    model, fresh = _model(5), _model(5)
+    _forward(model, monkeypatch, True)  # a plan of float linears, cached on the model
+    _quantize(model, "q8")
+    _quantize(fresh, "q8")
+    assert torch.equal(_forward(model, monkeypatch, True)[0].logits, _forward(fresh, monkeypatch, True)[0].logits)

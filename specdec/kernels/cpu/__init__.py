@@ -25,9 +25,9 @@ from torch import Tensor
 
 from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: one torch op each already
 
-__all__ = ["available", "copy_kv_slots", "decode_attention", "linear_q4", "linear_q8", "paged_attention", "quantize",
+__all__ = ["available", "copy_kv_slots", "decode_attention", "decode_layers", "linear_q4", "linear_q8", "paged_attention", "quantize",
            "rms_norm", "rope_kv", "silu_mul", "write_kv"]
-SOURCES = ("attention.cpp", "fused.cpp", "qlinear.cpp")
+SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "qlinear.cpp")
 _HERE = Path(__file__).resolve().parent
 
 
@@ -102,3 +102,22 @@ def rope_kv(qkv: Tensor, scale: Tensor | None, bias: Tensor | None, positions: T
             k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor, q_heads: int, kv_heads: int) -> Tensor:
     return torch.ops.specdec_cpu.rope_kv(qkv, scale, bias, positions, cos, sin, k_cache, v_cache, slot_mapping,
                                          q_heads, kv_heads)
+
+
+def decode_layers(x: Tensor, positions: Tensor, slot_mapping: Tensor, block_tables: Tensor, prefix_lens: Tensor,
+                  query_start_loc: Tensor, tree_mask: Tensor | None, cos: Tensor, sin: Tensor,
+                  k_caches: list[Tensor], v_caches: list[Tensor], weights: object, final_norm: Tensor, q_heads: int,
+                  kv_heads: int, eps: float, scale: float, timings: Tensor | None = None) -> Tensor:
+    """Every decoder layer (as many as `k_caches`) and the final norm in one call (forward.cpp); `x` (the
+    embeddings) is updated in place into the residual stream, and the final-norm hidden states are returned.
+    `weights` comes from `layer_weights`. `timings` [3] float64 accumulates seconds in linears, attention and
+    the rest (bench/profile_step.py)."""
+    return torch.ops.specdec_cpu.decode_layers(x, positions, slot_mapping, block_tables, prefix_lens, query_start_loc,
+                                               tree_mask, cos, sin, k_caches, v_caches, weights, final_norm, q_heads,
+                                               kv_heads, eps, scale, timings)
+
+
+def layer_weights(params: list[Tensor | None], kinds: list[int]) -> object:
+    """The decoder layers' weights held on the C++ side for decode_layers: per layer the two norm weights, then
+    (a, b, c, bias) for qkv, o, gate_up and down, with `kinds` their formats (0 float weight; 8 and 4 QLinear)."""
+    return torch.classes.specdec_cpu.LayerWeights(params, kinds)

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "ops.h"
 #include "vec.h"
 
 namespace specdec {
@@ -151,6 +152,15 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
 }
 
 }  // namespace
+
+namespace ops {
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                           const at::Tensor& block_tables, const at::Tensor& prefix_lens,
+                           const at::Tensor& query_start_loc, const c10::optional<at::Tensor>& tree_mask,
+                           double scale) {
+  return specdec::paged_attention(q, k_cache, v_cache, block_tables, prefix_lens, query_start_loc, tree_mask, scale);
+}
+}  // namespace ops
 }  // namespace specdec
 
 TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <vector>
 
+#include "ops.h"
 #include "vec.h"
 
 namespace specdec {
@@ -290,6 +291,23 @@ at::Tensor rope_kv(const at::Tensor& qkv, const c10::optional<at::Tensor>& scale
 }
 
 }  // namespace
+
+namespace ops {
+std::vector<at::Tensor> rms_norm(at::Tensor x, const at::Tensor& weight, double eps, int64_t mode,
+                                 const c10::optional<at::Tensor>& residual,
+                                 const c10::optional<at::Tensor>& residual_scale) {
+  return specdec::rms_norm(x, weight, eps, mode, residual, residual_scale);
+}
+std::vector<at::Tensor> silu_mul(const at::Tensor& gate_up, const c10::optional<at::Tensor>& scale, int64_t mode) {
+  return specdec::silu_mul(gate_up, scale, mode);
+}
+std::vector<at::Tensor> quantize(const at::Tensor& x, int64_t mode) { return specdec::quantize(x, mode); }
+at::Tensor rope_kv(const at::Tensor& qkv, const c10::optional<at::Tensor>& scale, const c10::optional<at::Tensor>& bias,
+                   const at::Tensor& positions, const at::Tensor& cos, const at::Tensor& sin, at::Tensor k_cache,
+                   at::Tensor v_cache, const at::Tensor& slot_mapping, int64_t q_heads, int64_t kv_heads) {
+  return specdec::rope_kv(qkv, scale, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, q_heads, kv_heads);
+}
+}  // namespace ops
 }  // namespace specdec
 
 TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {

@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "ops.h"
 #include "vec.h"
 
 #if defined(__AVX2__)
@@ -273,6 +274,17 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
 }
 
 }  // namespace
+
+namespace ops {
+at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor& w, const at::Tensor& w_scale,
+                     const c10::optional<at::Tensor>& bias) {
+  return specdec::linear_q8(q, s, w, w_scale, bias);
+}
+at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor& gsum, const at::Tensor& w,
+                     const at::Tensor& d, const at::Tensor& m_t, const c10::optional<at::Tensor>& bias) {
+  return specdec::linear_q4(q, s, gsum, w, d, m_t, bias);
+}
+}  // namespace ops
 }  // namespace specdec
 
 TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {
