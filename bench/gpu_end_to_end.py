@@ -15,8 +15,8 @@ def end_to_end(setup, rows: list[dict]) -> list[dict]:
     from bench.gpu_check import median_ms
     from specdec.kvcache import BlockTable
     from specdec.models.loader import load_model
-    from specdec.runner import Chunk, ModelRunner
-    from specdec.tree import TokenTree
+    from specdec.engine.runner import Chunk, ModelRunner
+    from specdec.tree.token_tree import TokenTree
 
     tiny = setup.shapes.tiny
     name, dtype, context, nodes = ("dummy:tiny-llama", "float32", 64, 64) if tiny else \

@@ -2,7 +2,7 @@
 
     python bench/heldout_tau.py --quantize int8 --per-category 2 --new-tokens 64
 
-Prompts come from `bench/prompts` split `test`, which no trainer reads. Writes bench/results/heldout_tau.{json,md}.
+Prompts come from `specdec/data/prompts` split `test`, which no trainer reads. Writes bench/results/heldout_tau.{json,md}.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdec import LLM  # noqa: E402
 from specdec.data import CATEGORIES, bench_prompts  # noqa: E402
-from specdec.training.draft_distill import measure_tau  # noqa: E402
+from specdec.training.common import measure_tau  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_METHODS = ("ngram|chain:k=5;draft|chain:k=4;medusa|static:medusa-8;medusa|static:medusa-64;"

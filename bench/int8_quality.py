@@ -21,7 +21,7 @@ from rich.console import Console
 from specdec import LLM, SamplingParams
 from specdec.data import CATEGORIES, bench_prompts
 from specdec.kvcache import BlockTable
-from specdec.runner import Chunk
+from specdec.engine.runner import Chunk
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

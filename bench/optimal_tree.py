@@ -30,7 +30,7 @@ from specdec.config import EngineConfig  # noqa: E402
 from specdec.data import CATEGORIES, bench_prompts  # noqa: E402
 from specdec.experiments import (AcceptanceProfile, expected_accepted_length, measure_acceptance,  # noqa: E402
                                  optimal_tree, save_reports, save_tree)
-from specdec.tree_spec import parse_tree_spec  # noqa: E402
+from specdec.tree.spec import TreeKind, choices_of, parse_tree_spec  # noqa: E402
 
 
 def pick(split: str, per_category: int) -> list[dict]:
@@ -78,8 +78,8 @@ def main() -> None:
     reports, rows = [], []
     for tree in trees:
         spec = parse_tree_spec(tree)
-        shape = list(spec.choices) if spec.kind == "static" else [(0,) * d for d in range(1, spec.depth + 1)]
-        predicted = 1.0 + expected_accepted_length(shape, profile) if spec.kind != "dynamic" else None
+        dynamic = spec.kind is TreeKind.DYNAMIC
+        predicted = None if dynamic else 1.0 + expected_accepted_length(list(choices_of(spec)), profile)
         report = measure_acceptance(llm, test, params, drafter=args.drafter, tree=tree)
         reports.append(report)
         rows.append({"tree": tree, "nodes": spec.budget, "depth": spec.depth, "predicted_tau": predicted,

@@ -4,8 +4,9 @@
     python bench/plain_decode.py --modes int8,int4 --threads 1 --llama-cpp
     python bench/plain_decode.py --modes fp32 --prompts 2 --threads 1
 
-Prompts: one per category of the dev split (conversation, translation, summarization, qa, math, rag, code), so
-the long summarization and RAG prompts (about 400 tokens) are in; `--prompts N` takes the first N of them.
+Prompts: `--prompts N` spread evenly over the dev split; the default 7 gives one per category (conversation,
+translation, summarization, qa, math, rag, code), so the long summarization and RAG prompts (about 350 tokens)
+are in.
 For every prompt and repetition every engine runs once, back to back (transformers, each of our modes,
 llama.cpp), so drift in a shared machine's speed hits all alike; ratios are medians of per-prompt ratios.
 Speed is end-to-end: new tokens divided by the wall time of the whole call, prefill included, for every engine.
@@ -73,14 +74,12 @@ def weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
-def pick_prompts(n: int) -> list[str]:
-    """The first dev prompt of each category, in a fixed category order, then more per category round-robin."""
-    by_category: dict[str, list[str]] = {}
-    for p in bench_prompts(split="dev"):
-        by_category.setdefault(p["category"], []).append(p["prompt"])
-    ordered = [texts[i] for i in range(max(len(t) for t in by_category.values()))
-               for texts in by_category.values() if i < len(texts)]
-    return ordered[:n]
+def spread(items: list, n: int) -> list:
+    """`n` items evenly spaced over the whole list (all of them if it is shorter), so a few prompts still
+    come from every category instead of the first one."""
+    if n >= len(items):
+        return list(items)
+    return [items[i * len(items) // n] for i in range(max(n, 0))]
 
 
 def run_ours(llm: LLM, ids: list[int], new_tokens: int) -> float:
@@ -142,7 +141,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     modes = [m.strip() for m in args.modes.split(",")]
-    prompts = pick_prompts(args.prompts)
+    prompts = spread([p["prompt"] for p in bench_prompts(split="dev")], args.prompts)
     bandwidth = copy_bandwidth()
     with console.status("loading models"):
         ours = {m: LLM(args.target, dtype=MODES[m][0], quantize=MODES[m][1], show_progress=False,

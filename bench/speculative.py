@@ -23,20 +23,11 @@ from rich.progress import Progress
 
 from specdec import LLM, SamplingParams
 from specdec.data import CATEGORIES, bench_prompts
+from specdec.benchmarks.runs import parse_methods
 from specdec.models.loader import load_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_METHODS = "ngram|chain:k=5;ngram:branches=4|dynamic:depth=6,topk=4,budget=16;draft|chain:k=4"
-
-
-def parse_methods(text: str) -> list[tuple[str, str | None]]:
-    """`"ngram|chain:k=5;draft"` -> [("ngram", "chain:k=5"), ("draft", None)]: methods separated by ';',
-    a '|' between a drafter spec and its tree spec."""
-    parsed = []
-    for method in filter(None, (m.strip() for m in text.split(";"))):
-        drafter, _, tree = method.partition("|")
-        parsed.append((drafter.strip(), tree.strip() or None))
-    return parsed
 
 
 def timed_generate(llm: LLM, ids: list[int], new_tokens: int) -> tuple[float, float, int]:

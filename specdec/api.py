@@ -13,16 +13,20 @@ from typing import Any, Iterator, Sequence as Seq
 
 import torch
 
-from specdec.adaptive import SpeculationPlanner
+from specdec.engine.planner import SpeculationPlanner
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import DrafterContext
 from specdec.drafters.registry import build_drafter
-from specdec.engine import Engine
+from specdec.engine.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.loader import LoadedModel, load_model
-from specdec.outputs import RequestOutput, metrics_of
-from specdec.sequence import Sequence
-from specdec.tree_spec import TreeSpec, parse_tree_spec
+from specdec.engine.outputs import RequestOutput, metrics_of
+from specdec.engine.sequence import Sequence
+from specdec.tree.spec import TreeSpec, parse_tree_spec
+from specdec.validation import (
+    check_drafter_and_tree, check_kv_cache_fits, check_llm_args, check_messages, check_quantize, check_text,
+    check_token_ids, check_tree_size, params_list, prompt_kind, prompts_list,
+)
 
 Prompt = str | list[int] | list[dict]  # text, token ids, or chat messages
 
@@ -37,6 +41,8 @@ class StreamDelta:
     step_tokens: int  # tokens this request emitted in the target step that produced this delta
     finished: bool
     output: RequestOutput | None  # the final output, on the last delta
+    sources: tuple[str, ...] = ()  # per new token, the drafter(s) that proposed it ("" = the target's own token);
+    #                                empty unless several drafters build the trees (hybrid)
 
 
 class LLM:
@@ -52,6 +58,9 @@ class LLM:
         show_progress: bool = True,
         num_threads: int | None = None,
     ) -> None:
+        # Every argument, the drafter's options and the tree included, is checked before the model loads.
+        check_llm_args(target=target, device=device, dtype=dtype, drafter=drafter, tree=tree, quantize=quantize,
+                       engine_config=engine_config, show_progress=show_progress, num_threads=num_threads)
         if num_threads is None and str(device).startswith("cpu"):
             num_threads = default_cpu_threads()
         if num_threads:
@@ -63,6 +72,10 @@ class LLM:
     def from_loaded(cls, loaded: LoadedModel, drafter: str = "none", tree: str | None = None,
                     quantize: str | None = None, engine_config: EngineConfig | None = None) -> "LLM":
         """An LLM around a model already in memory (tests, benches comparing drafters on one model)."""
+        if engine_config is not None and not isinstance(engine_config, EngineConfig):
+            raise ConfigError(f"engine_config must be an EngineConfig, got {type(engine_config).__name__}")
+        check_quantize(quantize, loaded.model.device.type)
+        check_drafter_and_tree(drafter, tree, engine_config or EngineConfig(), quantize)
         llm = cls.__new__(cls)
         llm._setup(loaded, loaded.source, drafter, tree, quantize, engine_config)
         return llm
@@ -72,8 +85,7 @@ class LLM:
         self.loaded = loaded
         self.target = target
         self.quantize = quantize
-        if quantize not in (None, "none", "int8", "int4"):
-            raise ConfigError(f"unknown quantization '{quantize}'; choose int8, int4 or none")
+        check_quantize(quantize, loaded.model.device.type)
         if quantize == "none":
             quantize = self.quantize = None
         if loaded.quantized != quantize:
@@ -96,40 +108,59 @@ class LLM:
         return self.loaded.model
 
     def use(self, drafter: str = "none", tree: str | None = None) -> None:
-        """Switch drafter and tree shape; the target model (and its weights) stay loaded."""
+        """Switch drafter and tree shape; the target model (and its weights) stay loaded.
+
+        All or nothing: everything new is built first, so a switch that fails leaves the LLM as it was.
+        """
+        check_drafter_and_tree(drafter, tree, self.engine_config, self.quantize)
         model = self.loaded.model
+        check_kv_cache_fits(model, self.engine_config)
         drafts = "int8" if self.quantize == "int4" else self.quantize  # int4 targets get int8 drafts
         ctx = DrafterContext(self.loaded, self.engine_config, model.device, model.dtype, drafts)
-        self.drafter_spec = drafter
-        self.drafter = build_drafter(drafter, ctx)
-        spec = parse_tree_spec(tree, self.engine_config.max_tree_nodes) if tree else self.drafter.default_tree()
-        if spec.max_nodes > self.engine_config.max_tree_nodes:
-            raise ConfigError(f"the tree has {spec.max_nodes} nodes, more than max_tree_nodes="
-                              f"{self.engine_config.max_tree_nodes}")
-        self.tree_spec = spec
+        new_drafter = build_drafter(drafter, ctx)
+        spec = parse_tree_spec(tree, self.engine_config.max_tree_nodes) if tree else new_drafter.default_tree()
+        check_tree_size(spec, self.engine_config, "the tree has")
         # The planner's measurements (step cost, draft cost, acceptance) outlive an engine: switching drafters
         # back and forth, or a new engine config, need not relearn them.
-        planner = self._planners.setdefault((drafter, spec), SpeculationPlanner())
-        self.engine = Engine(model, self.tokenizer, self.engine_config, self.drafter, spec, planner)
+        planner = self._planners.get((drafter, spec)) or SpeculationPlanner()
+        engine = Engine(model, self.tokenizer, self.engine_config, new_drafter, spec, planner)
+        self._planners[(drafter, spec)] = planner
+        self.drafter_spec, self.drafter, self.tree_spec, self.engine = drafter, new_drafter, spec, engine
 
     # --------------------------------------------------------------------------------------------- prompts
     def encode(self, prompt: Prompt, chat: bool = True) -> list[int]:
-        """Token ids for a prompt: token ids pass through; text gets the chat template when the model has one."""
-        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+        """Token ids for a prompt: token ids pass through; text gets the chat template when the model has one.
+
+        Raises `ConfigError` for anything else: ids outside the vocabulary, text that is not UTF-8, chat
+        messages without a role or content.
+        """
+        if not isinstance(chat, bool):
+            raise ConfigError(f"chat must be True or False, got {chat!r}")
+        kind = prompt_kind(prompt)
+        if kind == "ids":
+            check_token_ids(list(prompt), self.loaded.model.config.vocab_size)
             return list(prompt)
         tok = self.tokenizer
-        if isinstance(prompt, list):  # chat messages
+        if kind == "messages":
             if not getattr(tok, "chat_template", None):
                 raise ConfigError("chat messages need a model with a chat template")
-            return tok.encode(tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True),
+            check_messages(prompt)
+            return tok.encode(tok.apply_chat_template(list(prompt), tokenize=False, add_generation_prompt=True),
                               add_special_tokens=False)
-        if not isinstance(prompt, str):
-            raise ConfigError(f"a prompt must be text, token ids or chat messages, got {type(prompt).__name__}")
+        check_text(prompt)
         if chat and getattr(tok, "chat_template", None):
             text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                            add_generation_prompt=True)
             return tok.encode(text, add_special_tokens=False)
         return tok.encode(prompt, add_special_tokens=True)
+
+    def check(self, prompt: Prompt, params: SamplingParams | None = None, chat: bool = True) -> list[int]:
+        """The prompt's token ids, after every check `generate` makes before it runs (encoding, context length,
+        KV capacity); raises the `SpecdecError` it would raise. Batch callers check each record alone, so one
+        bad record does not stop the others."""
+        ids = self.encode(prompt, chat)
+        self.engine.check_request(ids, params_list(params, 1)[0])
+        return ids
 
     # ------------------------------------------------------------------------------------------ generation
     def generate(
@@ -152,29 +183,32 @@ class LLM:
         chat: bool = True,
     ) -> Iterator[StreamDelta]:
         """Yield per-request deltas as the engine produces tokens."""
-        prompt_list = _as_list(prompts)
-        param_list = _params_list(params, len(prompt_list))
+        prompt_list = prompts_list(prompts)
+        param_list = params_list(params, len(prompt_list))
         encoded = [self.encode(p, chat) for p in prompt_list]
         engine = self.engine
+        for ids, p in zip(encoded, param_list):  # every request checked before any runs
+            engine.check_request(ids, p)
         seqs: list[Sequence] = []
         try:
             for ids, p in zip(encoded, param_list):
                 seqs.append(engine.add_request(ids, p))
             index = {seq.seq_id: i for i, seq in enumerate(seqs)}
             sent_tokens = {seq.seq_id: 0 for seq in seqs}
-            sent_text = {seq.seq_id: "" for seq in seqs}
+            sent_chars = {seq.seq_id: 0 for seq in seqs}
             while engine.has_unfinished():
                 for seq in engine.step():
-                    new_ids = seq.output_ids[sent_tokens[seq.seq_id]:]
+                    first = sent_tokens[seq.seq_id]
+                    new_ids = seq.output_ids[first:]
+                    source_of = seq.metrics.source_of
+                    sources = tuple(source_of.get(i, "") for i in range(first, first + len(new_ids))) if source_of else ()
                     sent_tokens[seq.seq_id] = len(seq.output_ids)
-                    text = engine.output_text(seq)
-                    delta_text = text[len(sent_text[seq.seq_id]):] if text.startswith(sent_text[seq.seq_id]) else ""
-                    if seq.is_finished or not text.endswith("\ufffd"):  # hold back half a multi-byte character
-                        sent_text[seq.seq_id] = text
-                    else:
-                        delta_text = ""
+                    text = engine.output_text(seq)  # decodes only the new tokens
+                    delta_text = text[sent_chars[seq.seq_id]:]
+                    sent_chars[seq.seq_id] = len(text)
                     output = self._output(seq) if seq.is_finished else None
-                    yield StreamDelta(index[seq.seq_id], delta_text, new_ids, len(new_ids), seq.is_finished, output)
+                    yield StreamDelta(index[seq.seq_id], delta_text, new_ids, len(new_ids), seq.is_finished, output,
+                                      sources)
         finally:
             for seq in seqs:  # an abandoned stream must not leave requests holding KV blocks
                 if not seq.is_finished:
@@ -200,27 +234,3 @@ def default_cpu_threads() -> int:
     speed steady on shared machines; `num_threads=` (CLI `--threads`) overrides it.
     """
     return max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) - 1))
-
-
-def _as_list(prompts: Any) -> list:
-    if isinstance(prompts, str):
-        return [prompts]
-    if isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts):
-        return [prompts]  # one prompt of token ids
-    if isinstance(prompts, list) and prompts and all(isinstance(m, dict) for m in prompts):
-        return [prompts]  # one chat conversation
-    prompts = list(prompts)
-    if not prompts:
-        raise ConfigError("no prompts given")
-    return prompts
-
-
-def _params_list(params: Any, n: int) -> list[SamplingParams]:
-    if params is None:
-        return [SamplingParams()] * n
-    if isinstance(params, SamplingParams):
-        return [params] * n
-    params = list(params)
-    if len(params) != n:
-        raise ConfigError(f"got {len(params)} sampling params for {n} prompts")
-    return params

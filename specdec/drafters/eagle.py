@@ -18,16 +18,14 @@ Steps the engine's adaptive planner runs without drafting only add to the buffer
 `propose` first feeds the pending pairs (one batched forward whose last rows also give depth 1), then
 drafts, then truncates its cache back to the committed pairs: rollback is a truncate.
 
-One predictor forward per depth, batched over sequences. Chains are fed incrementally (the cache is causal).
-Trees re-feed the whole partial tree each depth with its ancestor mask (our attention masks only among new
-tokens), which costs layer rows but no extra LM-head rows: logits are taken for the frontier only.
-At temperature > 0 chains sample from the draft distribution and pass it on for rejection sampling; tree
-nodes are top-k, deterministic, and the verifier treats them as one-hot proposals: lossless either way.
+One predictor forward per depth, batched over sequences; chains, trees and rollback are `ModelDrafter`'s
+(model_drafter.py): this file gives it the pair feeding and the predictor's forward. Trees re-feed the partial
+tree each depth, which costs layer rows but no extra LM-head rows: logits are taken for the frontier only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -35,43 +33,37 @@ from torch import Tensor
 
 from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterContext
-from specdec.drafters.eagle_checkpoint import default_feature_layers, load_eagle
-from specdec.drafters.eagle_model import EaglePredictor, paged_attend
-from specdec.drafters.eagle_tree import TreeGrowth
+from specdec.drafters.heads.draft_folder import alias_of
+from specdec.drafters.heads.eagle_checkpoint import default_feature_layers, load_eagle
+from specdec.drafters.heads.eagle_model import EaglePredictor, paged_attend
+from specdec.drafters.model_drafter import Feed, ModelDrafter, spare_blocks
 from specdec.drafters.registry import register, reject_unknown
-from specdec.errors import ConfigError, OutOfBlocksError
+from specdec.engine.runner import Chunk, pack
+from specdec.engine.sequence import Sequence
+from specdec.errors import ConfigError
 from specdec.kvcache import BlockTable, PagedKVCache
-from specdec.models.context import AttentionContext
+from specdec.models.dense import dense_forward
 from specdec.models.llama import LlamaModel
-from specdec.sampling import sample, target_probs
-from specdec.sequence import Sequence
-from specdec.tree import TokenTree
-from specdec.tree_spec import TreeSpec
+from specdec.models.quant import quantize_int8_
+from specdec.tree.spec import TreeSpec, dynamic
 from specdec.verifier.result import VerifyResult
 
 ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
-# Measured on the default target with int8 (see specdec/assets/eagle/smollm2-135m/README.md): on a CPU a
-# verification row is not free, so a small dynamic tree beats EAGLE-2's GPU default (depth 6, top-8, 60 nodes).
-DEFAULT_TREE = TreeSpec("dynamic", depth=5, topk=3, budget=7)
+# Chosen on the default target with int8 when the shipped weights were trained: on a CPU a verification row
+# is not free, so a small dynamic tree beats EAGLE-2's GPU default (depth 6, top-8, 60 nodes). Its held-out tau
+# comes from `bench/heldout_tau.py` (bench/results/heldout_tau.md).
+DEFAULT_TREE = dynamic(depth=5, topk=3, budget=7)
 
 
 @dataclass
 class _State:
-    table: BlockTable  # the drafter's cache: one entry per committed pair (f_t, x_{t+1}), t < table.length
-    pending: Tensor  # [m, F] target features of positions table.length .. table.length + m - 1
+    table: BlockTable = field(default_factory=BlockTable)  # one cache entry per committed pair (f_t, x_{t+1})
+    pending: Tensor | None = None  # [m, F] target features of positions table.length .. table.length + m - 1
 
 
-@dataclass
-class _Feed:
-    table: BlockTable
-    tokens: list[int]
-    features: Tensor  # [n, F]
-    positions: list[int]
-    mask: Tensor | None = None  # [n, n] visibility among the new rows; None = causal
-
-
-class EagleDrafter:
-    needs_hidden_states = True
+class EagleDrafter(ModelDrafter):
+    needs_features = True
+    feeds_parent_outputs = True
 
     def __init__(self, predictor: EaglePredictor, target: LlamaModel, engine: EngineConfig, name: str = "eagle",
                  feature_layers: tuple[int, ...] = (), tree: TreeSpec = DEFAULT_TREE) -> None:
@@ -81,30 +73,31 @@ class EagleDrafter:
         self.feature_layers = tuple(feature_layers)
         self._tree = tree
         c = predictor.config.layer
-        spare = engine.max_num_seqs * (-(-engine.max_tree_nodes // engine.block_size) + 1)
-        self.cache = PagedKVCache(1, engine.num_blocks + spare, engine.block_size, c.num_kv_heads, c.head_dim,
-                                  dtype=target.dtype, device=target.device)
+        self.cache = PagedKVCache(1, engine.num_blocks + spare_blocks(engine), engine.block_size, c.num_kv_heads,
+                                  c.head_dim, dtype=target.dtype, device=target.device)
         self.num_features = len(self.feature_layers) or 1
         self._prefix_memo: dict[tuple[int, ...], Tensor] = {}
 
     def default_tree(self) -> TreeSpec:
         return self._tree
 
+    @property
+    def vocab_size(self) -> int:
+        return self.predictor.config.layer.vocab_size
+
     # ------------------------------------------------------------------------------------------- state
-    def _state(self, seq: Sequence) -> _State:
-        state = seq.drafter_state.get("eagle")
-        if state is None:
+    def state(self, seq: Sequence) -> _State:
+        state = self.slot(seq, _State)
+        if state.pending is None:
             width = self.num_features * self.predictor.config.hidden_size
-            state = _State(BlockTable(), torch.zeros(0, width, dtype=self.target.dtype, device=self.target.device))
-            seq.drafter_state["eagle"] = state
+            state.pending = torch.zeros(0, width, dtype=self.target.dtype, device=self.target.device)
         return state
 
-    def start(self, seqs: list[Sequence]) -> None:
-        for seq in seqs:
-            self._state(seq)
+    def table(self, seq: Sequence) -> BlockTable:
+        return self.state(seq).table
 
-    def observe_prefill(self, seq: Sequence, start: int, features: Tensor) -> None:
-        state = self._state(seq)
+    def observe_prefill(self, seq: Sequence, start: int, features: Tensor | None) -> None:
+        state = self.state(seq)
         known = state.table.length + state.pending.shape[0]
         if start < known:  # already seen (a re-observed chunk): keep what we have
             features, start = features[known - start:], known
@@ -120,8 +113,6 @@ class EagleDrafter:
         The engine skips the target forward over a cached prefix (a shared system prompt, say), so no features
         come for it; a dense forward recomputes them. The last few prefixes are remembered, since requests
         that share a cached prefix usually share it with many others."""
-        from specdec.training.draft_distill import dense_forward
-
         key = tuple(tokens)
         if key not in self._prefix_memo:
             ids = torch.tensor([tokens], dtype=torch.int64, device=self.target.device)
@@ -138,146 +129,47 @@ class EagleDrafter:
         for seq, result in zip(seqs, results):
             if result.hidden is None:
                 raise RuntimeError("EAGLE needs the target's features; the engine gave none")
-            state = self._state(seq)
+            state = self.state(seq)
             state.pending = torch.cat([state.pending, result.hidden.to(state.pending.dtype)])
 
-    def release(self, seqs: list[Sequence]) -> None:
-        for seq in seqs:
-            state = seq.drafter_state.pop("eagle", None)
-            if state is not None:
-                self.cache.free(state.table)
-
-    # ----------------------------------------------------------------------------------------- drafting
-    @torch.inference_mode()
-    def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:
-        states = [self._state(seq) for seq in seqs]
-        feeds = [self._catch_up(seq, state) for seq, state in zip(seqs, states)]
-        root_hidden = torch.cat([h[-1:] for h in self._forward(feeds)])  # [B, H]
-        committed = [state.table.length for state in states]
-        if spec.depth == 0:
-            trees = [TokenTree.chain([seq.last_token]) for seq in seqs]
-        elif spec.kind == "chain":
-            trees = self._chains(seqs, states, root_hidden, spec.depth)
-        else:
-            trees = self._trees(seqs, states, root_hidden, spec)
-        for state, length in zip(states, committed):
-            self.cache.truncate(state.table, length)
-        return trees
-
-    def _catch_up(self, seq: Sequence, state: _State) -> _Feed:
+    # ----------------------------------------------------------------------------------------- forward
+    def _catch_up(self, seqs: list[Sequence]) -> list[Feed]:
         """The committed pairs not yet in the cache: (f_t, x_{t+1}) for t = table.length .. n-2."""
-        start, end = state.table.length, seq.num_tokens - 1
-        if end <= start:
-            raise RuntimeError(f"EAGLE drafter out of step: {seq.num_tokens} tokens, {start} pairs cached")
-        features = state.pending[: end - start]
-        if features.shape[0] < end - start:  # never observed (should not happen): zeros
-            missing = torch.zeros(end - start - features.shape[0], features.shape[-1], dtype=features.dtype,
-                                  device=features.device)
-            features = torch.cat([features, missing])
-        state.pending = state.pending[end - start:]
-        return _Feed(state.table, seq.token_ids[start + 1: end + 1], features, list(range(start, end)))
+        feeds = []
+        for seq in seqs:
+            state = self.state(seq)
+            start, end = state.table.length, seq.num_tokens - 1
+            if end <= start:
+                raise RuntimeError(f"EAGLE drafter out of step: {seq.num_tokens} tokens, {start} pairs cached")
+            features = state.pending[: end - start]
+            if features.shape[0] < end - start:  # never observed (should not happen): zeros
+                missing = torch.zeros(end - start - features.shape[0], features.shape[-1], dtype=features.dtype,
+                                      device=features.device)
+                features = torch.cat([features, missing])
+            state.pending = state.pending[end - start:]
+            feeds.append(Feed(state.table, seq.token_ids[start + 1: end + 1], list(range(start, end)), features))
+        return feeds
 
-    def _forward(self, feeds: list[_Feed]) -> list[Tensor]:
+    def _forward(self, feeds: list[Feed]) -> list[Tensor]:
         """Append every feed's rows to the cache and run one predictor forward; hidden `[n_i, H]` per feed."""
-        prefixes, counts, slots, tokens, positions = [], [], [], [], []
-        for feed in feeds:
-            prefixes.append(feed.table.length)
-            new = self.cache.append(feed.table, len(feed.tokens))
-            if new is None:
-                raise OutOfBlocksError("the EAGLE drafter's KV cache is full; raise kv_cache_tokens")
-            counts.append(len(feed.tokens))
-            slots += new
-            tokens += feed.tokens
-            positions += feed.positions
         device = self.target.device
-        masks = [feed.mask for feed in feeds]
-        ctx = AttentionContext.build([f.table.blocks for f in feeds], prefixes, counts, slots, device,
-                                     masks if any(m is not None for m in masks) else None)
-        embeds = self.target.embed_tokens(torch.tensor(tokens, dtype=torch.int64, device=device))
-        features = torch.cat([feed.features for feed in feeds]).to(embeds.dtype)
-        hidden = self.predictor(embeds, features, torch.tensor(positions, dtype=torch.int64, device=device),
-                                paged_attend(ctx, self.cache.layers[0], self.predictor.scale))
-        return list(hidden.split(counts))
+        packed = pack(self.cache, [Chunk(f.table, f.tokens, f.positions, f.mask) for f in feeds], device)
+        embeds = self.target.embed_tokens(packed.tokens)
+        features = torch.cat([feed.inputs for feed in feeds]).to(embeds.dtype)
+        hidden = self.predictor(embeds, features, packed.positions,
+                                paged_attend(packed.ctx, self.cache.layers[0], self.predictor.scale))
+        return list(hidden.split([len(f.tokens) for f in feeds]))
 
-    def _logits(self, hidden: Tensor) -> tuple[Tensor, Tensor | None]:
+    def _logits(self, outputs: Tensor) -> tuple[Tensor, Tensor | None]:
         """Draft logits `[R, V']` and the draft-id -> target-id map (None when V' is the target vocabulary)."""
         ids = self.predictor.draft_to_target if self.predictor.config.version == 3 else None
-        return self.predictor.logits(hidden, self.target.lm_head), ids
-
-    def _chains(self, seqs: list[Sequence], states: list[_State], hidden: Tensor, depth: int) -> list[TokenTree]:
-        drafted: list[list[int]] = [[] for _ in seqs]
-        probs: list[list[Tensor]] = [[] for _ in seqs]
-        for d in range(depth):
-            logits, ids = self._logits(hidden)
-            for i, seq in enumerate(seqs):
-                if seq.params.greedy:
-                    j = int(logits[i].argmax())
-                    drafted[i].append(int(ids[j]) if ids is not None else j)
-                else:
-                    q = target_probs(self._full_vocab(logits[i: i + 1], ids), seq.params)[0]
-                    drafted[i].append(sample(q, seq.generator))
-                    probs[i].append(q)
-            if d + 1 < depth:
-                feeds = [_Feed(s.table, [drafted[i][-1]], hidden[i: i + 1], [s.table.length])
-                         for i, s in enumerate(states)]
-                hidden = torch.cat(self._forward(feeds))
-        trees = []
-        for i, seq in enumerate(seqs):
-            rows = torch.cat([torch.zeros_like(probs[i][0])[None], torch.stack(probs[i])]) if probs[i] else None
-            trees.append(TokenTree.chain([seq.last_token] + drafted[i], rows))
-        return trees
-
-    def _full_vocab(self, logits: Tensor, ids: Tensor | None) -> Tensor:
-        if ids is None:
-            return logits
-        full = torch.full((logits.shape[0], self.predictor.config.layer.vocab_size), float("-inf"),
-                          device=logits.device)
-        full[:, ids] = logits
-        return full
-
-    def _trees(self, seqs: list[Sequence], states: list[_State], root_hidden: Tensor,
-               spec: TreeSpec) -> list[TokenTree]:
-        growths = [TreeGrowth(seq.last_token, spec) for seq in seqs]
-        node_hidden = [root_hidden[i: i + 1] for i in range(len(seqs))]  # per sequence: [nodes, H]
-        frontier_hidden = root_hidden
-        active = list(range(len(seqs)))
-        while active:
-            logits, ids = self._logits(frontier_hidden)
-            top = torch.log_softmax(logits, dim=-1).topk(min(spec.topk, logits.shape[-1]), dim=-1)
-            top_ids = ids[top.indices] if ids is not None else top.indices
-            row = 0
-            for i in active:
-                n = len(growths[i].frontier)
-                growths[i].expand(top.values[row: row + n], top_ids[row: row + n])
-                row += n
-            active = [i for i in active if not growths[i].done]
-            if not active:
-                break
-            feeds = []
-            for i in active:
-                g, table = growths[i], states[i].table
-                tree = TokenTree.from_parents(g.tokens, g.parents)
-                nodes = g.feed_nodes()
-                parents = torch.tensor([g.parents[j] for j in nodes], device=root_hidden.device)
-                feeds.append(_Feed(table, [g.tokens[j] for j in nodes], node_hidden[i][parents],
-                                   (tree.depth[1:] + table.length - 1).tolist(), tree.ancestor_mask[1:, 1:]))
-            prefixes = [f.table.length for f in feeds]
-            outs = self._forward(feeds)
-            rows = []
-            for i, feed, prefix, out in zip(active, feeds, prefixes, outs):
-                self.cache.truncate(feed.table, prefix)
-                node_hidden[i] = torch.cat([node_hidden[i][:1], out])
-                rows.append(node_hidden[i][growths[i].frontier])
-            frontier_hidden = torch.cat(rows)
-        return [g.tree() for g in growths]
+        return self.predictor.logits(outputs, self.target.lm_head), ids
 
 
 # ------------------------------------------------------------------------------------------------ factory
 def shipped_eagle_dir(target_source: str, kind: str = "eagle") -> Path | None:
     """The packaged EAGLE folder (`kind` "eagle" or "eagle3") for a target, or None."""
-    from specdec.drafters.shipped import _alias_of
-
-    alias = _alias_of(target_source)
+    alias = alias_of(target_source)
     if alias is None:
         return None
     folder = ASSETS_DIR / kind / alias
@@ -296,7 +188,7 @@ def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDr
     else:
         folder = Path(ref).expanduser()
     predictor, meta = load_eagle(folder, target.config, ctx.device, ctx.dtype)
-    version = 3 if kind == "eagle3" else 1
+    version = 3 if kind.endswith("3") else 1
     if predictor.config.version != version:
         other = "eagle3" if predictor.config.version == 3 else "eagle"
         raise ConfigError(f"{folder} is an EAGLE-{predictor.config.version if version == 1 else '1/2'} "
@@ -308,8 +200,6 @@ def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDr
         if len(layers) != 3 or not all(0 <= i < n for i in layers):
             raise ConfigError(f"EAGLE-3 feature layers {layers} do not fit a target of {n} layers")
     if ctx.quantize == "int8":
-        from specdec.models.quant import quantize_int8_
-
         quantize_int8_(predictor)
     return EagleDrafter(predictor, target, ctx.engine, name=kind, feature_layers=layers)
 

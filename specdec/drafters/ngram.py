@@ -11,14 +11,15 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from specdec.drafters.base import DrafterContext, StatelessDrafter
+from specdec.drafters.base import DrafterBase, DrafterContext
 from specdec.drafters.registry import int_arg, register, reject_unknown
-from specdec.sequence import Sequence
-from specdec.tree import TokenTree
-from specdec.tree_spec import TreeSpec, chain
+from specdec.engine.sequence import Sequence
+from specdec.tree.growth import trie_tree
+from specdec.tree.spec import TreeKind, TreeSpec, chain, dynamic
+from specdec.tree.token_tree import TokenTree
 
 
-class NgramDrafter(StatelessDrafter):
+class NgramDrafter(DrafterBase):
     name = "ngram"
 
     def __init__(self, n: int = 3, k: int = 8, branches: int = 1) -> None:
@@ -27,10 +28,10 @@ class NgramDrafter(StatelessDrafter):
     def default_tree(self) -> TreeSpec:
         if self.branches == 1:
             return chain(self.k)
-        return TreeSpec("dynamic", depth=self.k, topk=self.branches, budget=self.k * self.branches)
+        return dynamic(self.k, self.branches, self.k * self.branches)
 
     def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:
-        branches = 1 if spec.kind == "chain" else max(spec.topk, 1)
+        branches = 1 if spec.kind is TreeKind.CHAIN else max(spec.topk, 1)
         return [self._tree(seq.token_ids, spec.depth, branches, spec.budget) for seq in seqs]
 
     def _tree(self, tokens: list[int], depth: int, branches: int, budget: int) -> TokenTree:
@@ -60,24 +61,6 @@ def find_continuations(tokens: np.ndarray, n: int, length: int, branches: int) -
         if found:
             return found
     return found
-
-
-def trie_tree(root: int, continuations: list[list[int]], budget: int) -> TokenTree:
-    """Merge continuations into one tree under `budget` drafted nodes, earlier continuations first."""
-    tokens, parents = [root], [-1]
-    child_of: dict[tuple[int, int], int] = {}
-    for follow in continuations:
-        node = 0
-        for token in follow:
-            key = (node, token)
-            if key not in child_of:
-                if len(tokens) - 1 >= budget:
-                    break
-                child_of[key] = len(tokens)
-                tokens.append(token)
-                parents.append(node)
-            node = child_of[key]
-    return TokenTree.from_parents(tokens, parents)
 
 
 @register("ngram")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from specdec.drafters.base import DrafterContext, StatelessDrafter
+from specdec.drafters.base import DrafterBase, DrafterContext
 from specdec.drafters.registry import register, reject_unknown
-from specdec.sequence import Sequence
-from specdec.tree import TokenTree
-from specdec.tree_spec import TreeSpec, chain
+from specdec.engine.sequence import Sequence
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import TreeSpec, chain
 
 
-class NoDrafter(StatelessDrafter):
+class NoDrafter(DrafterBase):
     name = "none"
 
     def default_tree(self) -> TreeSpec:

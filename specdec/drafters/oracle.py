@@ -10,8 +10,8 @@ token; the output stays lossless, since every proposal is one-hot.)
 
 Where the greedy continuation comes from:
 * `prepare(prompt_ids, num_tokens)` (or `prepare_oracle(llm, prompts, max_new_tokens)`) runs plain greedy
-  decode of the prompts through a private `Engine` with the `none` drafter on the same model object, before
-  anything is timed, and keeps the result per prompt (keyed by the prompt's token ids). Proposing is then a
+  decode of the prompts in a private KV cache on the same model object, before anything is timed, and keeps
+  the result per prompt (keyed by the prompt's token ids). Proposing is then a
   lookup: it costs no model call.
 * A sequence without a reference, or whose output has left its reference (sampling, a near-tie that batched
   verification rounds the other way), or that needs tokens past the end of its reference, gets the missing
@@ -36,25 +36,32 @@ from __future__ import annotations
 import random
 import time
 import zlib
-from dataclasses import replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from specdec.config import EngineConfig, SamplingParams
-from specdec.drafters.base import DrafterContext
+from specdec.config import EngineConfig
+from specdec.drafters.base import DrafterBase, DrafterContext
+from specdec.drafters.model_drafter import spare_blocks
 from specdec.drafters.registry import float_arg, int_arg, register, reject_unknown
+from specdec.engine.runner import Chunk, ModelRunner, Rows
+from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
 from specdec.kvcache import BlockTable
 from specdec.models.llama import LlamaModel
-from specdec.runner import Chunk, ModelRunner
-from specdec.sequence import Sequence
-from specdec.tree import TokenTree
-from specdec.tree_spec import Choice, TreeSpec, chain
-from specdec.verifier.result import VerifyResult
+from specdec.tree.growth import choice_layout
+from specdec.tree.spec import Choice, TreeKind, TreeSpec, chain, choices_of
+from specdec.tree.token_tree import TokenTree
 
 
-class OracleDrafter:
+@dataclass
+class _State:
+    rng: random.Random
+    ref: list[int] | None = None  # the known greedy token sequence this sequence follows (prompt first)
+    table: BlockTable = field(default_factory=BlockTable)  # fallback decode's cache (when the reference runs out)
+
+
+class OracleDrafter(DrafterBase):
     name = "oracle"
-    needs_hidden_states = False
 
     def __init__(self, target: Any, engine: EngineConfig, alpha: float, k: int = 5, cost: float = 0.0,
                  seed: int = 0) -> None:
@@ -78,40 +85,33 @@ class OracleDrafter:
 
         Give `max_new_tokens` plus the tree depth, so that proposals in the last steps are covered too.
         """
-        from specdec.drafters.none import NoDrafter
-        from specdec.engine import Engine
-
         todo = [list(p) for p in {tuple(p): None for p in prompt_ids} if self._covered(p) < num_tokens]
         if not todo:
             return
         cfg = self.engine_config
         block = cfg.block_size
-        needed = sum(-(-(len(p) + num_tokens + 1) // block) * block for p in todo)
-        cfg = replace(cfg, kv_cache_tokens=min(cfg.kv_cache_tokens, needed))  # a private cache only this big
-        engine = Engine(self.model, self.target.tokenizer, cfg, NoDrafter(), chain(0))
-        params = SamplingParams(max_new_tokens=num_tokens, ignore_eos=True)
-        seqs = [engine.add_request(ids, params) for ids in todo]
-        while engine.has_unfinished():
-            engine.step()
-        for seq in seqs:
-            self.references[tuple(seq.prompt_ids)] = list(seq.output_ids)
+        needed = sum(-(-(len(p) + num_tokens + 1) // block) for p in todo)
+        runner = ModelRunner.create(self.model, needed, block)  # a private cache only this big
+        refs = [list(p) for p in todo]
+        limit = self.model.config.max_position
+        greedy_decode(runner, refs, [BlockTable() for _ in todo], [min(len(p) + num_tokens, limit) for p in todo])
+        for prompt, ref in zip(todo, refs):
+            self.references[tuple(prompt)] = ref[len(prompt):]
 
     def _covered(self, prompt: tuple[int, ...]) -> int:
         return len(self.references.get(tuple(prompt), ()))
 
     # ------------------------------------------------------------------------------------------- protocol
-    def start(self, seqs: list[Sequence]) -> None:
-        pass
+    def _state(self, seq: Sequence) -> _State:
+        """Per-sequence state; the corruption stream is per sequence, so it does not depend on the batch."""
+        def make() -> _State:
+            key = f"{self.seed}:{','.join(map(str, seq.prompt_ids))}".encode()
+            return _State(random.Random(zlib.crc32(key) ^ (self.seed << 32)))
+        return self.slot(seq, make)
 
-    def commit(self, seqs: list[Sequence], results: list[VerifyResult]) -> None:
-        pass  # `propose` re-syncs with the committed tokens
-
-    def release(self, seqs: list[Sequence]) -> None:
-        for seq in seqs:
-            table = seq.drafter_state.pop("oracle_table", None)
-            if table is not None and self._runner is not None:
-                self._runner.cache.free(table)
-            seq.drafter_state.pop("oracle_ref", None)
+    def free(self, state: object) -> None:
+        if isinstance(state, _State) and self._runner is not None:
+            self._runner.cache.free(state.table)
 
     def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:
         start = time.perf_counter()
@@ -121,7 +121,7 @@ class OracleDrafter:
         vocab = self.model.config.vocab_size
         trees = []
         for seq, true in zip(seqs, truth):
-            rng = self._rng(seq)
+            rng = self._state(seq).rng
             node_tokens = [seq.last_token]
             for i in range(1, len(depths)):
                 d = depths[i]
@@ -139,24 +139,14 @@ class OracleDrafter:
     def _layout(self, spec: TreeSpec) -> tuple[list[int], list[int], list[bool]]:
         """(depth per node, parents, on-the-rank-0-path per node) for a spec; node 0 is the root."""
         if spec not in self._layouts:
-            choices = sorted(_choices(spec), key=lambda c: (len(c), c))
-            index = {(): 0}
-            depths, parents, main = [0], [-1], [True]
-            for c in choices:
-                index[c] = len(depths)
-                depths.append(len(c))
-                parents.append(index[c[:-1]])
-                main.append(not any(c))
-            self._layouts[spec] = (depths, parents, main)
+            choices = tuple(_choices(spec))
+            layout = choice_layout(choices, max((len(c) for c in choices), default=0), 1 + max(
+                (c[-1] for c in choices), default=0))
+            ordered = sorted(choices, key=lambda c: (len(c), c))
+            depths = [0] + [len(c) for c in ordered]
+            main = [True] + [not any(c) for c in ordered]
+            self._layouts[spec] = (depths, layout.parents, main)
         return self._layouts[spec]
-
-    def _rng(self, seq: Sequence) -> random.Random:
-        """A per-sequence stream, so corruption does not depend on which sequences share a batch."""
-        rng = seq.drafter_state.get("oracle_rng")
-        if rng is None:
-            key = f"{self.seed}:{','.join(map(str, seq.prompt_ids))}".encode()
-            rng = seq.drafter_state["oracle_rng"] = random.Random(zlib.crc32(key) ^ (self.seed << 32))
-        return rng
 
     # ------------------------------------------------------------------------------------ continuations
     def _continuations(self, seqs: list[Sequence], n: int) -> list[list[int]]:
@@ -170,54 +160,40 @@ class OracleDrafter:
             self._extend(short, n)
         out = []
         for seq in seqs:
-            ref = seq.drafter_state["oracle_ref"]
+            ref = self._state(seq).ref
             ahead = ref[seq.num_tokens: seq.num_tokens + n]
             out.append(ahead + [0] * (n - len(ahead)))  # only past the context, where the engine drops nodes
         return out
 
     def _synced_reference(self, seq: Sequence) -> list[int]:
         """The known greedy token sequence that starts with this sequence's tokens (re-based if it left it)."""
-        state = seq.drafter_state
-        ref = state.get("oracle_ref")
+        state = self._state(seq)
+        ref = state.ref
         if ref is None:
-            ref = state["oracle_ref"] = list(seq.prompt_ids) + list(self.references.get(tuple(seq.prompt_ids), ()))
+            ref = state.ref = list(seq.prompt_ids) + list(self.references.get(tuple(seq.prompt_ids), ()))
         prompt_len, out = len(seq.prompt_ids), seq.output_ids
         if ref[prompt_len: prompt_len + len(out)] != out:  # left the reference, or the reference is too short
             known = ref[prompt_len:]
             same = 0
             while same < min(len(known), len(out)) and known[same] == out[same]:
                 same += 1
-            ref = state["oracle_ref"] = list(seq.token_ids)
-            table = state.get("oracle_table")
-            if table is not None:  # keep the K/V of the shared prefix; the last token never has K/V yet
+            ref = state.ref = list(seq.token_ids)
+            table = state.table
+            if self._runner is not None:  # keep the K/V of the shared prefix; the last token never has K/V yet
                 self._runner.cache.truncate(table, min(table.length, prompt_len + same, len(ref) - 1))
         return ref
 
     def _extend(self, seqs: list[Sequence], n: int) -> None:
         """Greedy-decode with the target until each sequence's reference reaches `n` tokens past it."""
-        runner = self._fallback_runner()
         limit = self.model.config.max_position
-        refs = [seq.drafter_state["oracle_ref"] for seq in seqs]
-        tables = [seq.drafter_state.setdefault("oracle_table", BlockTable()) for seq in seqs]
-        goals = [min(seq.num_tokens + n, limit) for seq in seqs]
-        active = [i for i in range(len(seqs)) if len(refs[i]) < goals[i]]
-        while active:
-            chunks = []
-            for i in active:
-                table, ref = tables[i], refs[i]
-                if not runner.cache.can_append(table, len(ref) - table.length):
-                    raise ConfigError("the oracle drafter's fallback KV cache is full; call prepare() with the "
-                                      "prompts first, or raise kv_cache_tokens")
-                chunks.append(Chunk(table, ref[table.length:], list(range(table.length, len(ref))), None, "last"))
-            for i, out in zip(active, runner.run(chunks)):
-                refs[i].append(int(out.logits[0].argmax()))
-            active = [i for i in active if len(refs[i]) < goals[i]]
+        states = [self._state(seq) for seq in seqs]
+        greedy_decode(self._fallback_runner(), [s.ref for s in states], [s.table for s in states],
+                      [min(seq.num_tokens + n, limit) for seq in seqs])
 
     def _fallback_runner(self) -> ModelRunner:
         if self._runner is None:
             cfg = self.engine_config
-            spare = cfg.max_num_seqs * (-(-cfg.max_tree_nodes // cfg.block_size) + 1)
-            self._runner = ModelRunner.create(self.model, cfg.num_blocks + spare, cfg.block_size)
+            self._runner = ModelRunner.create(self.model, cfg.num_blocks + spare_blocks(cfg), cfg.block_size)
         return self._runner
 
 
@@ -232,11 +208,28 @@ def prepare_oracle(llm: Any, prompts: list, max_new_tokens: int, chat: bool = Tr
         drafter.prepare(ids, max_new_tokens + llm.tree_spec.depth)
 
 
+def greedy_decode(runner: ModelRunner, refs: list[list[int]], tables: list[BlockTable], goals: list[int]) -> None:
+    """Extend each token list `refs[i]` by the model's greedy tokens until it holds `goals[i]` tokens, with K/V in
+    `tables[i]` of the runner's cache (resumed from what the table already holds)."""
+    active = [i for i in range(len(refs)) if len(refs[i]) < goals[i]]
+    while active:
+        chunks = []
+        for i in active:
+            table, ref = tables[i], refs[i]
+            if not runner.cache.can_append(table, len(ref) - table.length):
+                raise ConfigError("the oracle drafter's fallback KV cache is full; call prepare() with the "
+                                  "prompts first, or raise kv_cache_tokens")
+            chunks.append(Chunk(table, ref[table.length:], list(range(table.length, len(ref))), None, Rows.LAST))
+        for i, out in zip(active, runner.run(chunks)):
+            refs[i].append(int(out.logits[0].argmax()))
+        active = [i for i in active if len(refs[i]) < goals[i]]
+
+
 def _choices(spec: TreeSpec) -> list[Choice]:
-    if spec.kind == "static":
-        return list(spec.choices)
-    if spec.kind == "chain":
-        return [(0,) * d for d in range(1, spec.depth + 1)]
+    """The oracle's node layout: chains and static trees as listed; a dynamic tree as the rank-0 path plus
+    siblings along it, nearest the root first."""
+    if spec.kind is not TreeKind.DYNAMIC:
+        return list(choices_of(spec))
     depth = min(spec.depth, spec.budget)
     out = [(0,) * d for d in range(1, depth + 1)]
     for rank in range(1, spec.topk):

@@ -9,7 +9,9 @@ from specdec.errors import ConfigError
 from specdec.spec_strings import parse_spec
 
 Factory = Callable[[dict[str, str], DrafterContext], Drafter]
+RawFactory = Callable[[str, DrafterContext], Drafter]
 _FACTORIES: dict[str, Factory] = {}
+_RAW_FACTORIES: dict[str, RawFactory] = {}  # drafters whose argument is itself a spec list (hybrid:a+b)
 
 
 def register(name: str) -> Callable[[Factory], Factory]:
@@ -20,17 +22,28 @@ def register(name: str) -> Callable[[Factory], Factory]:
     return wrap
 
 
+def register_raw(name: str) -> Callable[[RawFactory], RawFactory]:
+    """Register a factory that gets the spec's argument text unparsed (`hybrid:suffix+recycle:k=4`)."""
+    def wrap(factory: RawFactory) -> RawFactory:
+        _RAW_FACTORIES[name] = factory
+        return factory
+
+    return wrap
+
+
 def available() -> list[str]:
     _load_builtins()
-    return sorted(_FACTORIES)
+    return sorted([*_FACTORIES, *_RAW_FACTORIES])
 
 
 def build_drafter(spec: str, ctx: DrafterContext) -> Drafter:
     """`"ngram:n=3,k=8"` -> a ready drafter."""
     _load_builtins()
     name, args = parse_spec(spec, what="drafter")
+    if name in _RAW_FACTORIES:
+        return _RAW_FACTORIES[name](spec.strip().partition(":")[2], ctx)
     if name not in _FACTORIES:
-        raise ConfigError(f"unknown drafter '{name}'; available: {', '.join(sorted(_FACTORIES))}")
+        raise ConfigError(f"unknown drafter '{name}'; available: {', '.join(available())}")
     return _FACTORIES[name](args, ctx)
 
 

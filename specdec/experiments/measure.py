@@ -18,9 +18,9 @@ from specdec.drafters.oracle import prepare_oracle
 from specdec.errors import ConfigError
 from specdec.experiments.report import AcceptanceReport, ExperimentSettings
 from specdec.experiments.stats import AcceptanceStats
-from specdec.sequence import Sequence
-from specdec.tree import TokenTree
-from specdec.tree_spec import BUILTIN_TREES, TreeSpec, static
+from specdec.engine.sequence import Sequence
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import TreeSpec
 from specdec.verifier.result import VerifyResult
 
 
@@ -152,12 +152,5 @@ def split_prompts(prompts: Any) -> tuple[list[Any], list[str | None]]:
 
 
 def describe_tree(spec: TreeSpec) -> str:
-    """A spec string for a tree shape (static trees by node count, as their choices live in the report's file)."""
-    if spec.kind == "chain":
-        return f"chain:k={spec.depth}"
-    if spec.kind == "dynamic":
-        return f"dynamic:depth={spec.depth},topk={spec.topk},budget={spec.budget}"
-    for name, choices in BUILTIN_TREES.items():
-        if static(choices).choices == spec.choices:
-            return f"static:{name}"
-    return f"static({spec.budget} nodes, depth {spec.depth})"
+    """A spec string for a tree shape (see `TreeSpec.describe`)."""
+    return spec.describe()

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specdec.errors import ConfigError
-from specdec.tree_spec import Choice, static
+from specdec.tree.spec import Choice, static
 
 
 @dataclass(frozen=True)

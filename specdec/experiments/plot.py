@@ -5,12 +5,13 @@ switched."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from specdec.errors import ConfigError
 
-if TYPE_CHECKING:
-    from specdec.experiments.report import AcceptanceReport
+# Reports arrive duck-typed (an `AcceptanceReport` has .alpha_by_depth, .label, ...): report.py imports this
+# module lazily for its `plot` method, and this module never imports report.py, so imports point one way.
+AcceptanceReport = Any
 
 
 def _figure(width: float, height: float) -> Any:
@@ -21,7 +22,7 @@ def _figure(width: float, height: float) -> Any:
     return Figure(figsize=(width, height), layout="constrained")
 
 
-def plot_report(report: "AcceptanceReport", path: Path) -> Path:
+def plot_report(report: AcceptanceReport, path: Path) -> Path:
     """Three panels: alpha by depth, acceptance by sibling rank per depth, histogram of accepted lengths."""
     fig = _figure(14, 4)
     by_depth, by_rank, hist = fig.subplots(1, 3)
@@ -46,7 +47,7 @@ def plot_report(report: "AcceptanceReport", path: Path) -> Path:
     return path
 
 
-def plot_sweep(reports: list["AcceptanceReport"], path: Path) -> Path:
+def plot_sweep(reports: list[AcceptanceReport], path: Path) -> Path:
     """Two panels: tau of every configuration, and alpha by depth of each."""
     fig = _figure(14, max(4, 0.3 * len(reports) + 2))
     taus, alphas = fig.subplots(1, 2)

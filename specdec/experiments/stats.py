@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from specdec.tree import TokenTree
+from specdec.tree.token_tree import TokenTree
 from specdec.verifier.result import VerifyResult
 
 

@@ -51,13 +51,8 @@ class PagedKVCache:
         self.prefix = PrefixCache(self.pool, block_size) if prefix_caching else None
         shape = (num_blocks, block_size, kv_heads, head_dim)
         self.layers: list[tuple[Tensor, Tensor]] = [
-            (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
-            for _ in range(num_layers)
+            (_zeros(shape, dtype, device), _zeros(shape, dtype, device)) for _ in range(num_layers)
         ]
-
-    @staticmethod
-    def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * num_layers * block_size * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
     @property
     def num_free_blocks(self) -> int:
@@ -103,10 +98,15 @@ class PagedKVCache:
         table.blocks[-1] = own
 
     def truncate(self, table: BlockTable, length: int) -> None:
-        """Roll back to the first `length` tokens; whole blocks past the end go back to the pool."""
+        """Roll back to the first `length` tokens; whole blocks past the end go back to the pool (still cached:
+        their K/V is intact), and the table forgets the cache entries of every block no longer full."""
         if length > table.length:
             raise ValueError(f"cannot truncate a sequence of {table.length} tokens to {length}")
         keep = -(-length // self.block_size)
+        if self.prefix is not None and length % self.block_size and self.pool.ref_count(table.blocks[keep - 1]) == 1:
+            # The cut falls inside a block only this table holds: the next append overwrites part of it in place,
+            # so the prefix cache must stop offering it for the tokens it held (a shared one is copied first).
+            self.prefix.forget(table.blocks[keep - 1])
         for block in table.blocks[keep:]:
             self.pool.release(block)
         del table.blocks[keep:]
@@ -137,3 +137,21 @@ class PagedKVCache:
         k_cache, v_cache = self.layers[layer]
         blocks = torch.tensor(table.blocks, dtype=torch.int64)
         return gather_kv(k_cache, blocks, table.length), gather_kv(v_cache, blocks, table.length)
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> Tensor:
+    """Zeros whose pages the CPU fills only when first touched.
+
+    `torch.zeros` on the CPU writes every byte up front: 1.5 GB for the default 32k-token cache of the default
+    model, 2-13 s of every start-up on a shared 2-core machine (issue 18). numpy's zeros come from calloc,
+    which maps fresh zero pages lazily, so a cache costs only what requests actually use.
+    """
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    import numpy as np
+
+    count = 1
+    for n in shape:
+        count *= n
+    raw = np.zeros(count * torch.empty((), dtype=dtype).element_size(), dtype=np.uint8)
+    return torch.from_numpy(raw).view(dtype).view(shape)

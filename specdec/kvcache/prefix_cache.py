@@ -91,6 +91,10 @@ class PrefixCache:
             # block of this sequence can ever be confused with the colliding one's children.
             table.cached.append((chain_hash, entry_id))
 
+    def forget(self, block: int) -> None:
+        """Stop offering `block`: its owner is about to overwrite part of it (a truncate into a full block)."""
+        self._evict(block)
+
     def _evict(self, block: int) -> None:
         entry = self._entry_of.pop(block, None)
         if entry is not None and self._block_of.get(entry.chain_hash) == block:

@@ -1,8 +1,26 @@
-"""Model runner: our llama-family implementation and the loaders that feed it."""
+"""Model runner: our llama-family implementation and the loaders that feed it.
 
-from specdec.models.config import ModelConfig
-from specdec.models.context import AttentionContext
-from specdec.models.llama import ForwardOutput, LlamaModel
-from specdec.models.loader import LoadedModel, load_model
+Names are imported on first use, so `specdec.models.registry` (the `specdec models` listing, the cache) and
+`specdec.models.tokenizer` load without torch.
+"""
 
-__all__ = ["AttentionContext", "ForwardOutput", "LlamaModel", "LoadedModel", "ModelConfig", "load_model"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "AttentionContext": "specdec.models.context", "ForwardOutput": "specdec.models.llama",
+    "LlamaModel": "specdec.models.llama", "LoadedModel": "specdec.models.loader",
+    "ModelConfig": "specdec.models.config", "load_model": "specdec.models.loader",
+}  # fmt: skip
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specdec.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

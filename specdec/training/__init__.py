@@ -1,2 +1,3 @@
-"""Training for drafters: self-distillation of a small draft model (`draft_distill`), exposed as
-`specdec train ...` (`cli.train_app`)."""
+"""Training drafters for a target by self-distillation: the shared toolkit (`common`), the draft model
+(`draft`), Medusa heads (`medusa`) and EAGLE/EAGLE-3 predictors (`eagle`); the commands are `specdec train ...`
+(`specdec.cli.train`)."""

@@ -2,7 +2,7 @@
 
 Stages, each saved in the run folder so `--resume` continues where a run stopped:
 
-1. corpus:   the target's greedy answers to training prompts (`draft_distill.generate_corpus`), or an existing
+1. corpus:   the target's greedy answers to training prompts (`common.generate_corpus`), or an existing
              `corpus.pt` given with `--corpus` (the draft trainer's corpus serves as is).
 2. features: one dense target pass over every prompt + answer (`features.record_features`): final-norm hidden
              states (EAGLE-1/2) or the residual streams entering layers 2, N//2, N-3 (EAGLE-3), in bf16; for
@@ -31,11 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specdec.drafters.eagle_checkpoint import default_feature_layers, write_eagle
-from specdec.drafters.eagle_model import EagleConfig, EaglePredictor
+from specdec.drafters.heads.eagle_checkpoint import default_feature_layers, write_eagle
+from specdec.drafters.heads.eagle_model import EagleConfig, EaglePredictor
 from specdec.errors import ConfigError
 from specdec.models.llama import LlamaModel
-from specdec.training.draft_distill import (Corpus, Progress, TrainSettings, _no_progress, check_run_folder,
+from specdec.training.common import (Corpus, Progress, TrainSettings, _no_progress, check_run_folder,
                                             optimise, save_atomic)
 
 FEATURES_FILE = "features.pt"
@@ -325,7 +325,7 @@ def run_eagle_training(cfg: EagleTrainConfig, out: Path, resume: bool = False, l
         loaded = load_model(cfg.target, "cpu", "float32", show_progress=True)
     target = loaded.model
 
-    from specdec.training.draft_distill import obtain_corpus
+    from specdec.training.common import obtain_corpus
 
     corpus = obtain_corpus(cfg, loaded, out, resume, progress, cfg.val_prompts + cfg.batch_size)
     n = len(corpus.response_ids)

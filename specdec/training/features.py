@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 
 from specdec.models.llama import LlamaModel
-from specdec.training.draft_distill import Corpus, Progress, _no_progress, dense_forward
+from specdec.models.dense import dense_forward
+from specdec.training.common import Corpus, Progress, _no_progress
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 Stages, each saved in the run folder so that `--resume` continues where a run stopped:
 
-1. corpus:   the target's greedy answers to the prompts, through our engine (`draft_distill.generate_corpus`),
+1. corpus:   the target's greedy answers to the prompts, through our engine (`common.generate_corpus`),
              or an existing `corpus.pt` (`--corpus`).
 2. features: one dense forward of the target over every prompt + answer (`features.record_features`); only the
              rows the heads read at run time are kept: the last prompt position and every answer position.
@@ -11,7 +11,7 @@ Stages, each saved in the run folder so that `--resume` continues where a run st
              argmax: the token greedy verification will accept. The LM head is the target's, frozen and shared;
              only the ResBlocks train (zero-initialised: an untrained head is the target's next-token head).
 
-The held-out answers also give each head's top-k accuracy, from which `optimal_tree` builds the static trees that
+The held-out answers also give each head's top-k accuracy, from which `best_choice_paths` builds the static trees that
 maximise the expected accepted length for a node budget (Medusa's own recipe for its choice lists).
 """
 
@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specdec.drafters.medusa_heads import MedusaHeads
+from specdec.drafters.heads.medusa_heads import MedusaHeads
 from specdec.errors import ConfigError
-from specdec.training.draft_distill import (
+from specdec.training.common import (
     CORPUS_FILE, Corpus, Progress, TrainSettings, _no_progress, check_run_folder, optimise, save_atomic,
 )
 
@@ -182,7 +182,7 @@ def head_accuracy(heads: MedusaHeads, feats: HeadFeatures, val: list[int], topk:
     return (hits / counts.clamp_min(1)[:, None]).tolist()
 
 
-def optimal_tree(acc: list[list[float]], nodes: int) -> tuple[list[tuple[int, ...]], float]:
+def best_choice_paths(acc: list[list[float]], nodes: int) -> tuple[list[tuple[int, ...]], float]:
     """The `nodes` choice paths of highest expected acceptance, and the expected tokens per step (bonus counted).
 
     A path is accepted when every head along it is right, taken as independent: its value is the product of
@@ -214,7 +214,7 @@ def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any =
                progress: Progress = _no_progress, log: Callable[[str], None] = print) -> tuple[MedusaHeads, dict]:
     """Corpus -> features -> training; returns the trained heads and the numbers for their README."""
     from specdec.models.loader import load_model
-    from specdec.training.draft_distill import obtain_corpus
+    from specdec.training.common import obtain_corpus
 
     if min(cfg.heads, cfg.layers, cfg.steps, cfg.batch_size, cfg.max_prompts, cfg.new_tokens, cfg.val_prompts) < 1:
         raise ConfigError("--heads, --layers, --steps, --batch-size, --max-prompts, --new-tokens and "
@@ -254,7 +254,7 @@ def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any =
     acc = head_accuracy(heads, feats, val)
     log(f"train: {state.step} steps in {state.seconds:.0f} s; held-out top-1 per head "
         + ", ".join(f"{a[0]:.3f}" for a in acc))
-    trees = {size: optimal_tree(acc, size) for size in (5, 8, 16, 32, 64)}
+    trees = {size: best_choice_paths(acc, size) for size in (5, 8, 16, 32, 64)}
     meta = {
         "target": cfg.target,
         "settings": asdict(cfg),
@@ -304,7 +304,7 @@ def render_readme(meta: dict[str, Any]) -> str:
     ]
     for entry in meta.get("heldout", []):
         lines.append(f"- {entry}")
-    lines += ["", "Trees from the held-out accuracy (`specdec.training.medusa.optimal_tree`), expected tau:", ""]
+    lines += ["", "Trees from the held-out accuracy (`specdec.training.medusa.best_choice_paths`), expected tau:", ""]
     for size, t in meta["trees"].items():
         lines.append(f"- {size} nodes: {t['expected_tau']:.3f}")
     lines += ["", "Checkpoints (step, loss, held-out top-1 per head):", ""]

@@ -15,23 +15,13 @@ import torch
 from torch import Tensor
 
 from specdec.sampling import sample, uniform
-from specdec.tree import TokenTree
+from specdec.tree.token_tree import TokenTree
 from specdec.verifier.result import VerifyResult
 
 
 def verify_greedy(tree: TokenTree, logits: Tensor) -> VerifyResult:
     """Longest root-to-node path whose every node is the target's argmax after its parent, plus the bonus."""
-    best = logits.argmax(-1).tolist()  # target's choice after each node
-    tokens = tree.tokens.tolist()
-    node, path = 0, [0]
-    while True:
-        nxt = next((c for c in tree.children[node] if tokens[c] == best[node]), None)
-        if nxt is None:
-            break
-        node = nxt
-        path.append(node)
-    emitted = [tokens[i] for i in path[1:]] + [best[node]]
-    return VerifyResult(accepted_nodes=path, tokens=emitted, bonus_token=best[node])
+    return verify_greedy_batch([tree], [logits])[0]
 
 
 def verify_stochastic(tree: TokenTree, probs: Tensor, generator: torch.Generator | None) -> VerifyResult:
@@ -70,3 +60,26 @@ def _proposal(tree: TokenTree, node: int, token: int, like: Tensor) -> Tensor:
     q = torch.zeros_like(like)
     q[token] = 1.0
     return q
+
+
+def verify_greedy_batch(trees: list[TokenTree], logits: list[Tensor]) -> list[VerifyResult]:
+    """`verify_greedy` for many sequences at once: one argmax over all their rows, one host transfer."""
+    if not trees:
+        return []
+    best_all = torch.cat(logits).argmax(-1).tolist()
+    results, row = [], 0
+    for tree in trees:
+        n = len(tree)
+        best = best_all[row: row + n]
+        row += n
+        tokens = tree.token_list
+        node, path = 0, [0]
+        while True:
+            nxt = next((c for c in tree.children[node] if tokens[c] == best[node]), None)
+            if nxt is None:
+                break
+            node = nxt
+            path.append(node)
+        emitted = [tokens[i] for i in path[1:]] + [best[node]]
+        results.append(VerifyResult(accepted_nodes=path, tokens=emitted, bonus_token=best[node]))
+    return results

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from specdec.sampling import sample
-from specdec.tree import TokenTree
+from specdec.tree.token_tree import TokenTree
 from specdec.verifier.result import VerifyResult
 
 

@@ -150,11 +150,11 @@ def test_train_corpus_disjoint_from_bench():
 
 
 def test_train_corpus_matches_generator():
-    from specdec.data import make_train_prompts
+    from tools import make_train_prompts
 
     text = make_train_prompts.render(make_train_prompts.build())
     assert text == TRAIN_PROMPTS_PATH.read_text(encoding="utf-8"), (
-        "train_prompts.jsonl is stale: python -m specdec.data.make_train_prompts"
+        "train_prompts.jsonl is stale: python tools/make_train_prompts.py"
     )
 
 

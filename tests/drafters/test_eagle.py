@@ -12,16 +12,16 @@ from safetensors.torch import save_file
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import DrafterContext
 from specdec.drafters.eagle import DEFAULT_TREE, EagleDrafter, build_eagle
-from specdec.drafters.eagle_checkpoint import expected_shapes, load_eagle, published_tensors
-from specdec.drafters.eagle_model import EagleConfig
+from specdec.drafters.heads.eagle_checkpoint import expected_shapes, load_eagle, published_tensors
+from specdec.drafters.heads.eagle_model import EagleConfig
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.kvcache import BlockTable
 from specdec.models.dummy import DUMMY_SHAPES, dummy_config
 from specdec.models.loader import LoadedModel
-from specdec.runner import Chunk, ModelRunner
+from specdec.engine.runner import Chunk, ModelRunner, Rows
 from specdec.sampling import make_generator
-from specdec.sequence import Sequence
-from specdec.tree_spec import chain, parse_tree_spec
+from specdec.engine.sequence import Sequence
+from specdec.tree.spec import TreeKind, chain, parse_tree_spec
 from specdec.training.eagle import init_predictor
 from tests.helpers import run_all, tiny_engine, tiny_model
 
@@ -195,14 +195,14 @@ def test_kv_rollback_matches_a_fresh_drafter(version, shared_prefix):
     copy = Sequence(99, list(seq.prompt_ids), seq.params, make_generator(None, torch.device("cpu")))
     copy.output_ids = list(seq.output_ids)
     ids = copy.token_ids[:-1]
-    features = ModelRunner.create(target, 64, 16).run([Chunk(BlockTable(), ids, list(range(len(ids))), None, "none")],
+    features = ModelRunner.create(target, 64, 16).run([Chunk(BlockTable(), ids, list(range(len(ids))), None, Rows.NONE)],
                                                      return_hidden=True, capture_layers=layers)[0].hidden
     fresh.observe_prefill(copy, 0, features)
     again = fresh.propose([copy], DYNAMIC)[0]
 
     assert tree.tokens.tolist() == again.tokens.tolist()
     assert tree.parents.tolist() == again.parents.tolist()
-    mine, theirs = seq.drafter_state["eagle"].table, copy.drafter_state["eagle"].table
+    mine, theirs = drafter.table(seq), fresh.table(copy)
     assert mine.length == theirs.length == seq.num_tokens - 1
     for a, b in zip(drafter.cache.gather(mine, 0), fresh.cache.gather(theirs, 0)):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
@@ -234,4 +234,4 @@ def test_shipped_eagle_greedy_equals_plain_on_the_default_model(default_model, t
 
 
 def test_default_tree_is_dynamic_and_fits():
-    assert DEFAULT_TREE.kind == "dynamic" and DEFAULT_TREE.max_nodes <= EngineConfig().max_tree_nodes
+    assert DEFAULT_TREE.kind is TreeKind.DYNAMIC and DEFAULT_TREE.max_nodes <= EngineConfig().max_tree_nodes

@@ -12,13 +12,14 @@ from safetensors.torch import save_file
 from specdec.api import LLM
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import DrafterContext
-from specdec.drafters.medusa import STATE_KEY, MedusaDrafter, best_first_tree
-from specdec.drafters.medusa_heads import MedusaHeads, load_heads, save_heads
+from specdec.drafters.medusa import MedusaDrafter
+from specdec.tree.growth import best_first_tree
+from specdec.drafters.heads.medusa_heads import MedusaHeads, load_heads, save_heads
 from specdec.drafters.registry import build_drafter
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.models.dummy import DUMMY_SHAPES
 from specdec.models.loader import LoadedModel
-from specdec.tree_spec import BUILTIN_TREES, chain, parse_tree_spec
+from specdec.tree.spec import BUILTIN_TREES, chain, parse_tree_spec
 from tests.helpers import NoTokenizer, run_all, tiny_engine, tiny_model
 
 SHAPE = DUMMY_SHAPES["tiny-llama"]
@@ -196,13 +197,13 @@ def test_state_after_commit_matches_a_fresh_run():
     other = fresh.add_request(seq.token_ids[:-1], SamplingParams(max_new_tokens=5))
     fresh.step()  # prefill: the first output token comes from the last prompt row
     assert other.output_ids == [seq.token_ids[-1]]
-    torch.testing.assert_close(other.drafter_state[STATE_KEY], seq.drafter_state[STATE_KEY], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(fresh_drafter.hidden_of(other), engine.drafter.hidden_of(seq), rtol=1e-4, atol=1e-5)
     mine = engine.drafter.propose([seq], spec)[0]
     theirs = fresh_drafter.propose([other], spec)[0]
     assert mine.tokens.tolist() == theirs.tokens.tolist()
     assert mine.parents.tolist() == theirs.parents.tolist()
     engine.drafter.release([seq])
-    assert STATE_KEY not in seq.drafter_state
+    assert engine.drafter.hidden_of(seq) is None
 
 
 def test_builtin_medusa_trees_are_valid():

@@ -9,11 +9,12 @@ import torch
 
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import DrafterContext
-from specdec.drafters.ngram import NgramDrafter, find_continuations, trie_tree
+from specdec.drafters.ngram import NgramDrafter, find_continuations
+from specdec.tree.growth import trie_tree
 from specdec.drafters.registry import build_drafter
 from specdec.errors import ConfigError
-from specdec.sequence import Sequence
-from specdec.tree_spec import TreeSpec, chain
+from specdec.engine.sequence import Sequence
+from specdec.tree.spec import chain, dynamic
 
 
 def continuations(tokens: list[int], n: int, length: int, branches: int) -> list[list[int]]:
@@ -126,7 +127,7 @@ def test_drafter_with_branches_proposes_a_trie_of_recent_matches():
     seq = make_sequence([3, 1, 2, 3, 4, 5, 3, 4, 6, 3, 4])
     drafter = NgramDrafter(n=2, k=2, branches=2)
     spec = drafter.default_tree()
-    assert spec == TreeSpec("dynamic", depth=2, topk=2, budget=4)
+    assert spec == dynamic(depth=2, topk=2, budget=4)
     (tree,) = drafter.propose([seq], spec)
     # [3 4] was followed by 6 3 (most recent), then by 5 3
     assert tree.tokens.tolist() == [4, 6, 3, 5, 3]

@@ -9,10 +9,13 @@ import pytest
 
 from specdec.config import SamplingParams
 from specdec.drafters.draft_model import DraftModelDrafter
+from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.none import NoDrafter
+from specdec.drafters.recycle import RecycleDrafter
+from specdec.drafters.suffix import SuffixDrafter
 from specdec.config import EngineConfig
-from specdec.tree_spec import TreeSpec, chain
+from specdec.tree.spec import TreeSpec, chain
 from tests.helpers import run_all, tiny_engine, tiny_model
 
 VOCAB = 64
@@ -44,6 +47,10 @@ def drafters(model):
         "ngram-tree": (lambda: NgramDrafter(n=2, k=3, branches=3), TreeSpec("dynamic", depth=3, topk=3, budget=8)),
         "draft": (lambda: DraftModelDrafter(model, EngineConfig(kv_cache_tokens=4096, block_size=4), k=3,
                                             num_layers=1), chain(3)),
+        "recycle": (lambda: RecycleDrafter(VOCAB, k=4), TreeSpec("dynamic", depth=3, topk=3, budget=6)),
+        "suffix": (lambda: SuffixDrafter(depth=8), TreeSpec("dynamic", depth=4, topk=3, budget=6)),
+        "hybrid": (lambda: HybridDrafter([("suffix", SuffixDrafter(depth=8)), ("recycle", RecycleDrafter(VOCAB, k=4))]),
+                   TreeSpec("dynamic", depth=4, topk=3, budget=6)),
     }
 
 
@@ -60,7 +67,7 @@ def requests_and_expected(model):
     return requests, [alone(model, p, s) for p, s in requests]
 
 
-@pytest.mark.parametrize("name", ["none", "ngram", "ngram-tree", "draft"])
+@pytest.mark.parametrize("name", ["none", "ngram", "ngram-tree", "draft", "recycle", "suffix", "hybrid"])
 def test_outputs_under_preemption_equal_each_request_alone(model, requests_and_expected, name):
     requests, expected = requests_and_expected
     make_drafter, tree = drafters(model)[name]
@@ -72,20 +79,23 @@ def test_outputs_under_preemption_equal_each_request_alone(model, requests_and_e
     run_all(engine)
     assert sum(s.metrics.preemptions for s in seqs) > 0, "the KV budget was meant to force preemption"
     assert sum(s.metrics.cached_prompt_tokens for s in seqs) > 0, "shared prompt starts were meant to hit the cache"
+    if name != "none":
+        assert sum(s.metrics.accepted_drafts for s in seqs) > 0, "nothing was ever accepted: speculation untested"
     for seq, want in zip(seqs, expected):
         assert seq.output_ids == want
         assert seq.finish_reason == "length"
+        assert not seq.drafter_state, "a finished request kept drafter state"
     assert engine.runner.cache.num_free_blocks == engine.runner.cache.pool.num_blocks
 
 
 def test_chunked_prefill_gives_the_same_logits_as_one_prefill(model):
     from specdec.kvcache import BlockTable
-    from specdec.runner import Chunk, ModelRunner
+    from specdec.engine.runner import Chunk, ModelRunner, Rows
     import torch
 
     prompt = list(range(40))
     one = ModelRunner.create(model, 32, 4)
-    whole = one.run([Chunk(BlockTable(), prompt, list(range(40)), None, "all")])[0].logits
+    whole = one.run([Chunk(BlockTable(), prompt, list(range(40)), None, Rows.ALL)])[0].logits
     chunked = ModelRunner.create(model, 32, 4)
     table, parts, start = BlockTable(), [], 0
     for n in (7, 1, 16, 16):

@@ -12,6 +12,7 @@ import torch
 
 from specdec.config import SamplingParams
 from specdec.data import bench_prompts
+from tests.helpers import skip_unless_ci
 
 NEW_TOKENS = 64
 CONFIGS = [
@@ -19,6 +20,10 @@ CONFIGS = [
     ("ngram:branches=4", "dynamic:depth=5,topk=4,budget=16"),
     ("draft", "chain:k=4"),
     ("draft", "dynamic:depth=4,topk=4,budget=12"),
+    ("recycle", "chain:k=4"),
+    ("recycle", "dynamic:depth=6,topk=4,budget=8"),
+    ("suffix", "chain:k=6"),
+    ("hybrid:suffix+recycle", "dynamic:depth=6,topk=4,budget=8"),
 ]
 
 
@@ -46,12 +51,12 @@ def assert_same_or_near_tie(llm, prompt: str, plain: list[int], spec: list[int])
     first = next(i for i, (a, b) in enumerate(zip(plain, spec)) if a != b)
     ids = llm.encode(prompt) + plain[:first]
     llm.use("none")
-    from specdec.runner import Chunk
+    from specdec.engine.runner import Chunk, Rows
     from specdec.kvcache import BlockTable
 
     runner = llm.engine.runner
     table = BlockTable()
-    logits = runner.run([Chunk(table, ids, list(range(len(ids))), None, "last")])[0].logits[0]
+    logits = runner.run([Chunk(table, ids, list(range(len(ids))), None, Rows.LAST)])[0].logits[0]
     runner.cache.free(table)
     top2 = logits.topk(2).values
     gap = float(top2[0] - top2[1])
@@ -97,7 +102,7 @@ def int8_llm():
     try:
         return LLM("smollm2-135m", quantize="int8", show_progress=False, num_threads=1)
     except OfflineError as exc:
-        pytest.skip(f"default model unavailable offline: {exc}")
+        skip_unless_ci(f"default model unavailable offline: {exc}")
 
 
 def test_int8_greedy_is_the_same_batched_alone_and_speculative(int8_llm):
@@ -109,7 +114,8 @@ def test_int8_greedy_is_the_same_batched_alone_and_speculative(int8_llm):
     alone = [int8_llm.generate([p], params)[0].token_ids for p in prompts]
     assert [o.token_ids for o in int8_llm.generate(prompts, params)] == alone
     taus = []
-    for drafter, tree in [("ngram", "chain:k=5"), ("draft", "dynamic:depth=4,topk=4,budget=12")]:
+    for drafter, tree in [("ngram", "chain:k=5"), ("draft", "dynamic:depth=4,topk=4,budget=12"), ("recycle", None),
+                          ("suffix", None), ("hybrid:suffix+recycle", None)]:
         int8_llm.use(drafter, tree)
         outs = int8_llm.generate(prompts, params)
         assert [o.token_ids for o in outs] == alone, drafter

@@ -10,7 +10,7 @@ import pytest
 
 from specdec.errors import ConfigError
 from specdec.experiments import AcceptanceProfile, AcceptanceStats, expected_accepted_length, optimal_tree, save_tree
-from specdec.tree_spec import parse_tree_spec, static
+from specdec.tree.spec import TreeKind, parse_tree_spec, static
 
 # p[depth-1][rank]; depths past the last row reuse it.
 PROFILE = [[0.6, 0.3], [0.5, 0.2], [0.4, 0.1]]
@@ -89,7 +89,7 @@ def test_saved_trees_load_as_static_tree_specs(tmp_path):
     tree = optimal_tree(PROFILE, 6)
     path = save_tree(tree, tmp_path / "trees" / "best.json", PROFILE, meta={"note": "test"})
     spec = parse_tree_spec(f"static:{path}")
-    assert spec.kind == "static" and list(spec.choices) == tree and spec.budget == 6
+    assert spec.kind is TreeKind.STATIC and list(spec.choices) == tree and spec.budget == 6
     data = json.loads(path.read_text())
     assert data["expected_accepted"] == pytest.approx(1.59) and data["expected_tau"] == pytest.approx(2.59)
     assert data["profile"] == PROFILE and data["note"] == "test"

@@ -11,6 +11,7 @@ from specdec.config import SamplingParams
 from specdec.drafters.oracle import OracleDrafter, prepare_oracle
 from specdec.errors import ConfigError
 from specdec.experiments import measure_acceptance
+from specdec.tree.spec import TreeKind
 from tests.experiments.tiny import id_prompts
 
 
@@ -98,4 +99,4 @@ def test_bad_specs_say_what_is_wrong(tiny_llm, spec, message):
 def test_the_oracle_is_registered_with_a_chain_default(tiny_llm):
     tiny_llm.use("oracle:alpha=0.5,k=7")
     assert isinstance(tiny_llm.drafter, OracleDrafter)
-    assert tiny_llm.tree_spec.kind == "chain" and tiny_llm.tree_spec.depth == 7
+    assert tiny_llm.tree_spec.kind is TreeKind.CHAIN and tiny_llm.tree_spec.depth == 7

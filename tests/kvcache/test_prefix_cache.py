@@ -3,16 +3,19 @@ change no output."""
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import random
 
 import pytest
+import torch
 
 from specdec.config import SamplingParams
 from specdec.drafters.ngram import NgramDrafter
 from specdec.drafters.none import NoDrafter
 from specdec.kvcache import BlockTable, PagedKVCache
-from specdec.tree_spec import chain
+from specdec.kvcache import prefix_cache
+from specdec.tree.spec import chain
 from tests.helpers import run_all, tiny_engine, tiny_model
 
 BS = 4
@@ -78,6 +81,75 @@ def test_freed_blocks_stay_cached_but_count_as_free_until_reused():
     assert c.prefix.num_cached_blocks == 0
     c.free(other)
     assert c.prefix.match(BlockTable(), tokens, limit=8) == 0
+
+
+@pytest.fixture
+def colliding_hash(monkeypatch):
+    """Chain hashes that ignore the parent: every block of the same tokens collides, whatever came before it,
+    which is what a real hash collision looks like to the cache. Only the parent-entry check tells them apart."""
+    monkeypatch.setattr(prefix_cache, "hash", lambda key: builtins.hash(key[1]), raising=False)
+
+
+P, Q, X, R = [1] * BS, [2] * BS, [5] * BS, [7] * BS
+
+
+def test_a_colliding_block_after_another_parent_entry_is_not_matched(colliding_hash):
+    c = cache()
+    filled(c, P + X)  # X's K/V was computed after P
+    filled(c, Q + [6] * BS)
+    table = BlockTable()
+    assert c.prefix.match(table, Q + X + [0], limit=8) == BS, "X after Q was served the K/V of X after P"
+    assert len(table.blocks) == 1
+
+
+def test_registering_a_colliding_block_starts_a_fresh_chain(colliding_hash):
+    """Q, X, R registered after P, X: the second X collides with the first, so it must not take its entry id,
+    or R (computed after Q, X) would later be served to a request for P, X, R."""
+    c = cache()
+    filled(c, P + X)
+    filled(c, Q + X + R)
+    assert c.prefix.match(BlockTable(), P + X + R + [0], limit=12) == 2 * BS
+
+
+def test_truncate_forgets_the_cache_entries_of_the_blocks_it_cuts():
+    c = cache()
+    table = filled(c, list(range(12)))
+    assert len(table.cached) == 3
+    c.truncate(table, 9)
+    assert len(table.cached) == 2
+    c.truncate(table, 5)
+    assert len(table.cached) == 1
+    c.free(table)
+    assert table.cached == []
+
+
+def test_blocks_written_again_after_a_truncate_are_cached_again():
+    """A stale `cached` list would make `register` believe the new blocks are cached already."""
+    c = cache()
+    table = filled(c, list(range(12)))
+    c.truncate(table, 4)
+    new = list(range(4)) + [40 + i for i in range(8)]
+    c.append(table, 8)
+    c.prefix.register(table, new)
+    assert len(table.cached) == 3
+    assert c.prefix.match(BlockTable(), new + [0], limit=12) == 12
+
+
+def test_a_cached_block_cut_into_and_rewritten_is_no_longer_served():
+    """Truncating into the middle of a cached block and appending writes new K/V over part of it; the cache
+    must stop handing that block out for the old tokens."""
+    c = PagedKVCache(1, 16, BS, 1, 2, prefix_caching=True)
+    old = list(range(12))
+    table = filled(c, old)
+    c.truncate(table, 6)  # keeps block 1 half full
+    slots = c.append(table, 6)
+    k, v = c.layers[0]
+    k.view(-1, 1, 2)[slots] = 99.0
+    c.prefix.register(table, old[:6] + [50 + i for i in range(6)])
+    other = BlockTable()
+    hit = c.prefix.match(other, old + [0], limit=12)
+    assert hit == BS, f"matched {hit} tokens of the old prefix, part of it overwritten"
+    assert not torch.any(c.gather(other, 0)[0] == 99.0)
 
 
 VOCAB = 48

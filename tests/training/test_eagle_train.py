@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specdec.drafters.eagle_checkpoint import load_eagle
-from specdec.training.draft_distill import Corpus, TrainSettings
+from specdec.drafters.heads.eagle_checkpoint import load_eagle
+from specdec.training.common import Corpus, TrainSettings
 from specdec.training.eagle import (EagleData, choose_draft_vocab, eagle_loss, evaluate, init_predictor, record,
                                     train_predictor, ttt_mask)
 from tests.helpers import tiny_model
@@ -75,7 +75,7 @@ def test_ttt_mask_sees_the_committed_prefix_and_its_own_chain():
 
 @pytest.mark.parametrize("version", [1, 3])
 def test_written_checkpoints_load_back(tmp_path: Path, version: int):
-    from specdec.drafters.eagle_checkpoint import write_eagle
+    from specdec.drafters.heads.eagle_checkpoint import write_eagle
 
     target, data = tiny_data(version)
     draft_ids = choose_draft_vocab(data.labels, 24, VOCAB) if version == 3 else None

@@ -3,8 +3,8 @@
 import torch
 
 from specdec.kvcache import BlockTable
-from specdec.runner import Chunk, ModelRunner
-from specdec.training.draft_distill import Corpus
+from specdec.engine.runner import Chunk, ModelRunner, Rows
+from specdec.training.common import Corpus
 from specdec.training.features import record_features
 from tests.helpers import tiny_model
 
@@ -18,9 +18,9 @@ def test_features_match_the_paged_forward():
     assert [f.shape[0] for f in feats.hidden] == [9, 11, 10]
     for i in range(3):
         ids = corpus.prompt_ids[i] + corpus.response_ids[i]
-        final = ModelRunner.create(model, 16, 4).run([Chunk(BlockTable(), ids, list(range(len(ids))), None, "none")], return_hidden=True)[0].hidden
+        final = ModelRunner.create(model, 16, 4).run([Chunk(BlockTable(), ids, list(range(len(ids))), None, Rows.NONE)], return_hidden=True)[0].hidden
         captured = ModelRunner.create(model, 16, 4).run(
-            [Chunk(BlockTable(), ids, list(range(len(ids))), None, "none")], return_hidden=True, capture_layers=(0, 1))[0].hidden
+            [Chunk(BlockTable(), ids, list(range(len(ids))), None, Rows.NONE)], return_hidden=True, capture_layers=(0, 1))[0].hidden
         torch.testing.assert_close(feats.hidden[i].float(), final, atol=2e-2, rtol=2e-2)
         both = torch.cat([feats.layers[0][i], feats.layers[1][i]], dim=-1).float()
         torch.testing.assert_close(both, captured, atol=2e-2, rtol=2e-2)

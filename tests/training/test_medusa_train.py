@@ -7,12 +7,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from specdec.drafters.medusa_heads import MedusaHeads, load_heads, save_heads
+from specdec.drafters.heads.medusa_heads import MedusaHeads, load_heads, save_heads
 from specdec.errors import ConfigError
 from specdec.models.loader import LoadedModel
-from specdec.training.draft_distill import Corpus, TrainSettings, save_atomic
+from specdec.training.common import Corpus, TrainSettings, save_atomic
 from specdec.training.medusa import (
-    HeadFeatures, MedusaConfig, head_batch, head_features, head_losses, optimal_tree, run_medusa, train_heads,
+    HeadFeatures, MedusaConfig, head_batch, head_features, head_losses, best_choice_paths, run_medusa, train_heads,
 )
 from tests.helpers import NoTokenizer, tiny_model
 
@@ -76,14 +76,14 @@ def test_a_run_writes_heads_that_load_and_resume_restores_them(tmp_path):
 
 def test_optimal_tree_follows_the_accuracy_table():
     acc = [[0.6, 0.2, 0.1], [0.5, 0.1, 0.05]]
-    choices, tau = optimal_tree(acc, 3)
+    choices, tau = best_choice_paths(acc, 3)
     # values: (0,) .6, (0,0) .3, (1,) .2, (0,1) .06, (2,) .1
     assert choices == [(0,), (1,), (0, 0)]
     assert tau == pytest.approx(1 + 0.6 + 0.3 + 0.2)
 
 
 def test_cli_reports_a_missing_corpus_in_one_line(tmp_path):
-    from specdec.training.cli import train_app
+    from specdec.cli.train import train_app
 
     result = CliRunner().invoke(train_app, ["medusa", "--target", "dummy:tiny-llama", "--corpus",
                                             str(tmp_path / "missing.pt"), "--out", str(tmp_path / "run")])

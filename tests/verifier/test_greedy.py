@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec.tree import TokenTree
+from specdec.tree.token_tree import TokenTree
 from specdec.verifier import VerifyResult, verify_greedy
 
 VOCAB = 32

@@ -8,11 +8,12 @@ import math
 import pytest
 import torch
 
-from specdec.config import SamplingParams
+from specdec.config import EngineConfig, SamplingParams
+from specdec.drafters.draft_model import DraftModelDrafter
 from specdec.drafters.medusa import MedusaDrafter
-from specdec.drafters.medusa_heads import MedusaHeads
-from specdec.tree import TokenTree
-from specdec.tree_spec import parse_tree_spec
+from specdec.drafters.heads.medusa_heads import MedusaHeads
+from specdec.tree.token_tree import TokenTree
+from specdec.tree.spec import chain, parse_tree_spec
 from specdec.verifier.typical import typical_floor, verify_typical
 from tests.helpers import run_all, tiny_engine, tiny_model
 
@@ -104,3 +105,21 @@ def test_engine_uses_typical_acceptance_only_for_sampled_requests():
     run_all(typical)
     assert same.output_ids == ref.output_ids
     assert len(sampled.output_ids) == 12
+
+
+def test_engine_applies_typical_acceptance_to_sampled_requests():
+    """With threshold 0 every drafted token the target can produce is plausible, so typical acceptance keeps
+    whole chains, which lossless rejection sampling of an unrelated draft cannot: the two accept rates must
+    differ, or the engine is not using the rule it was configured with."""
+    target, draft = tiny_model(4, sharpness=1.0), tiny_model(9, sharpness=1.0)
+    rates = {}
+    for acceptance in ("lossless", "typical"):
+        config = dict(acceptance=acceptance, typical_threshold=0.0, adaptive_speculation=False)
+        engine = tiny_engine(target, DraftModelDrafter(draft, EngineConfig(**config), k=3), chain(3), **config)
+        seqs = [engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=12, temperature=1.0, seed=s,
+                                                             ignore_eos=True)) for s in range(8)]
+        run_all(engine)
+        steps = sum(len(s.metrics.step_accepts) for s in seqs)
+        rates[acceptance] = sum(s.metrics.accepted_drafts for s in seqs) / (3 * steps)
+    assert rates["typical"] == 1.0, f"typical acceptance with threshold 0 rejected drafts: {rates}"
+    assert rates["lossless"] < 0.8, f"the draft is too close to the target for this test: {rates}"

@@ -1,0 +1,5 @@
+"""`python -m specdec.cli ...` is `specdec ...`."""
+
+from specdec.cli.app import main
+
+main()

@@ -1,0 +1,56 @@
+"""`specdec serve`: the OpenAI-compatible HTTP server (specdec.server) on uvicorn."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from specdec.errors import ConfigError, SpecdecError
+
+
+def serve(
+    target: str = typer.Option("smollm2-135m", help="Alias, HF folder, .gguf file, hub id, or dummy:<shape>."),
+    device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
+    dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
+    quantize: Optional[str] = typer.Option(None, help="int8: dynamic W8A8 linears on CPU."),
+    drafter: str = typer.Option("none", help="none, ngram[:n=3,k=8], draft, medusa, eagle, eagle3, ..."),
+    tree: Optional[str] = typer.Option(None, help="chain:k=5, static:<name|file>, dynamic:depth=6,topk=8,budget=60."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)."),
+    port: int = typer.Option(8000, help="TCP port (0 = any free port; the log line names it)."),
+    model_name: Optional[str] = typer.Option(None, help="The model id clients send (default: --target)."),
+    max_num_seqs: int = typer.Option(64, help="Most sequences in the running batch."),
+    max_waiting: int = typer.Option(256, help="Most requests waiting for a batch slot; beyond it: 503."),
+    kv_cache_tokens: int = typer.Option(32768, help="KV cache capacity in tokens, over all sequences."),
+    threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores but one)."),
+    adaptive: bool = typer.Option(True, help="Size each sequence's tree every step for the most goodput."),
+    prefix_caching: bool = typer.Option(True, help="Reuse the K/V of prompt prefixes already computed."),
+    log_level: str = typer.Option("info", help="uvicorn log level: critical, error, warning, info, debug."),
+) -> None:
+    """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)."""
+    from specdec.cli.common import fail
+    from specdec.cli.generate import load_llm
+
+    try:
+        try:
+            import uvicorn
+
+            from specdec.server import create_app
+        except ImportError as exc:
+            raise ConfigError(f"specdec serve needs the serve extra ({exc.name} is missing): "
+                              "pip install 'specdec[serve]'") from None
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"--port must be between 0 and 65535, got {port}")
+        if max_waiting < 0:
+            raise ConfigError("--max-waiting must be >= 0")
+        if threads is not None and threads < 1:
+            raise ConfigError("--threads must be at least 1")
+        from specdec.config import EngineConfig
+
+        config = EngineConfig(max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens,
+                              adaptive_speculation=adaptive, enable_prefix_caching=prefix_caching)
+        llm = load_llm(target, device, dtype, quantize, drafter, tree, config, threads)
+        server = create_app(llm, model_name, max_waiting)
+    except SpecdecError as exc:
+        fail(str(exc))
+    uvicorn.run(server.app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

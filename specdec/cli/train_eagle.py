@@ -1,0 +1,88 @@
+"""`specdec train eagle|eagle3`: self-distil an EAGLE predictor for a target (see `specdec.training.eagle`).
+
+Any JSONL prompt file works (`--prompts FILE.jsonl`, one `{"prompt": "..."}` per line), or an existing corpus of
+the target's answers (`--corpus RUN/corpus.pt`, e.g. from `specdec train draft`), which skips generation.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from specdec.cli.common import console, err_console, fail
+from specdec.errors import ConfigError, SpecdecError
+
+_LABELS = {"generate": "generating answers (tokens)", "features": "target features (sequences)",
+           "labels": "target labels (sequences)", "train": "training the predictor (steps)"}
+
+
+def command(kind: str):
+    """The `specdec train eagle` (or `eagle3`) command function."""
+
+    def command(
+        target: str = typer.Option("smollm2-135m", help="The target (alias, HF folder, .gguf)."),
+        prompts: Optional[Path] = typer.Option(None, help="JSONL prompt file; default: the package's corpus."),
+        corpus: Optional[Path] = typer.Option(None, help="Reuse this corpus.pt of the target's answers."),
+        out: Path = typer.Option(..., help=f"Run folder: checkpoints, and the predictor in OUT/{kind}."),
+        max_prompts: int = typer.Option(512, help="Prompts (or corpus sequences) to use."),
+        new_tokens: int = typer.Option(64, help="Greedy answer length per prompt (when generating)."),
+        steps: int = typer.Option(300, help="Optimizer steps."),
+        batch_size: int = typer.Option(8, help="Sequences per step."),
+        lr: float = typer.Option(1e-3, help="Peak AdamW learning rate (warm-up, then cosine to a tenth)."),
+        val_prompts: int = typer.Option(16, help="Sequences held out for the checkpoint metrics."),
+        seed: int = typer.Option(0, help="Seed for the prompt order, batches and initialisation."),
+        draft_vocab: int = typer.Option(8192, help="EAGLE-3: size of the reduced draft vocabulary."),
+        ttt_steps: int = typer.Option(3, help="EAGLE-3: unrolled steps of the training-time test."),
+        ce_fraction: float = typer.Option(1.0, help="EAGLE-1/2: share of positions given the token loss "
+                                                    "(the LM head dominates CPU training cost)."),
+        ce_weight: float = typer.Option(0.1, help="EAGLE-1/2: weight of the token loss (regression: 1.0)."),
+        teacher_bf16: bool = typer.Option(False, help="bf16 autocast for the target's feature pass."),
+        train_bf16: bool = typer.Option(False, help="bf16 autocast while training."),
+        device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
+        threads: Optional[int] = typer.Option(None, help="torch CPU threads."),
+        resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint."),
+        published: bool = typer.Option(False, help=f"Also write the published EAGLE layout to OUT/{kind}-published."),
+    ) -> None:
+        from specdec.training.eagle import EagleTrainConfig
+
+        try:
+            import torch
+
+            if threads:
+                torch.set_num_threads(threads)
+            cfg = EagleTrainConfig(kind=kind, target=target, prompts=str(prompts) if prompts else None,
+                                   corpus=str(corpus) if corpus else None, max_prompts=max_prompts,
+                                   new_tokens=new_tokens, steps=steps, batch_size=batch_size, lr=lr,
+                                   val_prompts=val_prompts, seed=seed, draft_vocab=draft_vocab, ttt_steps=ttt_steps,
+                                   ce_fraction=ce_fraction, ce_weight=ce_weight, teacher_bf16=teacher_bf16, train_bf16=train_bf16)
+            for name in ("max_prompts", "new_tokens", "steps", "batch_size", "val_prompts", "draft_vocab", "ttt_steps"):
+                if getattr(cfg, name) < 1:
+                    raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+            if not 0 < ce_fraction <= 1:
+                raise ConfigError(f"--ce-fraction must be in (0, 1], got {ce_fraction}")
+            if not lr > 0:
+                raise ConfigError(f"--lr must be positive, got {lr}")
+            _run(cfg, out, resume, published, device)
+        except SpecdecError as exc:
+            fail(str(exc))
+
+    command.__doc__ = (f"Self-distil an {'EAGLE-3' if kind == 'eagle3' else 'EAGLE-1/2'} predictor; writes "
+                       f"OUT/{kind} (config, bf16 weights, metadata).")
+    return command
+
+
+def _run(cfg, out: Path, resume: bool, published: bool, device: str) -> None:
+    from specdec.models.loader import parse_device
+    from specdec.training.eagle import run_eagle_training
+    from specdec.training.progress import load_target, stage_bars
+
+    started = time.perf_counter()
+    loaded = load_target(cfg.target, parse_device(device), err_console)
+    with stage_bars(err_console, _LABELS) as (bars, progress):
+        meta = run_eagle_training(cfg, out, resume=resume, loaded=loaded, published=published, progress=progress,
+                                  log=bars.console.print)
+    console.print(f"{cfg.kind} predictor written to {out / cfg.kind} in {time.perf_counter() - started:.0f} s "
+                  f"(held-out top-1 {meta['final'].get('val_top1_0', 0):.3f})")

@@ -1,0 +1,154 @@
+"""`hybrid:<a>+<b>[+...]`: one tree from several drafters, e.g. `hybrid:suffix+recycle`, `hybrid:ngram+draft`.
+
+Retrieval drafters (suffix, ngram) are right rarely but then for many tokens; Token Recycling and model drafters
+are right often for a token or two. One tree can hold both kinds of guesses for the price of its node budget.
+Every part proposes a scored tree (its own default shape, cut to the spec's depth); the trees merge into one
+trie where shared prefixes cost one node (`hybrid_merge.py`), and the `budget` nodes most likely to be
+accepted are kept. "Most likely" comes from an online calibration per proposer set, depth and raw-score bin
+(`calibration.py`): it starts from each drafter's own claim and moves to what the verifier accepts, so the
+budget drifts to whichever drafter is earning it on this workload.
+
+Each node remembers who proposed it (`TokenTree.source`, a bitmask over the parts); the engine counts accepted
+tokens per proposer for metrics and `--show-acceptance`. The merged tree is deterministic given the parts'
+trees, so it is a one-hot proposal to the verifier: lossless at any temperature, whatever the parts are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from specdec.drafters.base import Drafter, DrafterBase, DrafterContext
+from specdec.drafters.calibration import AcceptanceCalibration
+from specdec.drafters.hybrid_merge import MergedTree, ScoredTree, merge_trees, observe_verification
+from specdec.drafters.registry import build_drafter, register_raw
+from specdec.engine.sequence import Sequence
+from specdec.errors import ConfigError
+from specdec.tree.spec import TreeSpec, dynamic
+from specdec.tree.token_tree import TokenTree
+from specdec.verifier.result import VerifyResult
+
+FLAT_SCORE = 0.5  # raw score for parts that offer no scores of their own (calibration learns the rest)
+DEFAULT_BUDGET = 8
+DEFAULT_DEPTH = 8
+
+
+@runtime_checkable
+class ScoredProposer(Protocol):
+    """A drafter that can score its own nodes (a raw score the hybrid's calibration maps to acceptance)."""
+
+    def propose_scored(self, seqs: list[Sequence], spec: TreeSpec) -> list[ScoredTree]:
+        ...
+
+
+@dataclass
+class _State:
+    merged: MergedTree | None = None  # the last proposal, until its verification is observed
+
+
+class HybridDrafter(DrafterBase):
+    name = "hybrid"
+    observes_verification = True
+
+    def __init__(self, parts: list[tuple[str, Drafter]], budget: int = DEFAULT_BUDGET,
+                 depth: int = DEFAULT_DEPTH) -> None:
+        if len(parts) < 2:
+            raise ConfigError("a hybrid drafter needs at least two parts, e.g. hybrid:suffix+recycle")
+        featured = [d for _, d in parts if d.needs_features]
+        if len(featured) > 1:
+            raise ConfigError("a hybrid drafter can hold at most one drafter that reads the target's features")
+        self.parts = parts
+        self.calibration = AcceptanceCalibration()
+        self.needs_features = bool(featured)
+        self._featured = featured[0] if featured else None
+        self.feature_layers = tuple(self._featured.feature_layers) if self._featured is not None else ()
+        self._budget, self._depth = budget, depth
+        self._seeded = [d for _, d in parts if d.wants_prefill_logits]
+        self.wants_prefill_logits = bool(self._seeded)
+        # source_names[mask] names the parts that proposed a node (mask bit i = part i)
+        self.source_names = ("",) + tuple("+".join(n for i, (n, _) in enumerate(parts) if mask >> i & 1)
+                                          for mask in range(1, 1 << len(parts)))
+
+    def default_tree(self) -> TreeSpec:
+        return dynamic(self._depth, 4, self._budget)
+
+    # ----------------------------------------------------------------------------------------- proposals
+    def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:
+        if not seqs:
+            return []
+        proposals = [self._scored(drafter, seqs, spec) for _, drafter in self.parts]
+        trees = []
+        for i, seq in enumerate(seqs):
+            merged = merge_trees([p[i] for p in proposals], self.calibration, spec.budget, spec.depth)
+            self.slot(seq, _State).merged = merged
+            trees.append(TokenTree.from_parents(merged.tokens, merged.parents,
+                                                source=torch.tensor(merged.sources, dtype=torch.int64)))
+        return trees
+
+    @staticmethod
+    def _scored(drafter: Drafter, seqs: list[Sequence], spec: TreeSpec) -> list[ScoredTree]:
+        own = drafter.default_tree().limited(spec.depth)
+        if isinstance(drafter, ScoredProposer):
+            return drafter.propose_scored(seqs, own)
+        out = []
+        for tree in drafter.propose(seqs, own):
+            parents = tree.parent_list
+            out.append(ScoredTree(tree.tokens.tolist(), parents, [0.0] + [FLAT_SCORE] * (len(parents) - 1)))
+        return out
+
+    # --------------------------------------------------------------------------------------- observation
+    def observe_verified(self, seqs: list[Sequence], trees: list[TokenTree], logits: list[Tensor],
+                         results: list[VerifyResult]) -> None:
+        for seq, tree, result in zip(seqs, trees, results):
+            state = self.slot(seq, _State)
+            merged, state.merged = state.merged, None
+            if merged is None:
+                continue
+            # The engine may cut the tree to a depth (planner, context end): the verified tree is then the
+            # merged nodes up to its deepest depth, in order.
+            deepest = int(tree.depth.max())
+            kept = [i for i, d in enumerate(merged.depths) if d <= deepest]
+            if len(kept) != len(tree):
+                continue
+            observe_verification(merged, [kept[a] for a in result.accepted_nodes], self.calibration, kept)
+        for _, drafter in self.parts:
+            if drafter.observes_verification:
+                drafter.observe_verified(seqs, trees, logits, results)
+
+    def observe_prefill_logits(self, seq: Sequence, start: int, logits: Tensor | None) -> None:
+        for drafter in self._seeded:
+            drafter.observe_prefill_logits(seq, start, logits)
+
+    def observe_prefill(self, seq: Sequence, start: int, features: Tensor | None) -> None:
+        for _, drafter in self.parts:
+            drafter.observe_prefill(seq, start, features if drafter is self._featured else None)
+
+    def commit(self, seqs: list[Sequence], results: list[VerifyResult]) -> None:
+        for _, drafter in self.parts:
+            drafter.commit(seqs, results)
+
+    def release(self, seqs: list[Sequence]) -> None:
+        for seq in seqs:
+            seq.drafter_state.drop(self)
+        for _, drafter in self.parts:
+            drafter.release(seqs)
+
+
+@register_raw("hybrid")
+def _build(text: str, ctx: DrafterContext) -> HybridDrafter:
+    specs = [s.strip() for s in text.split("+") if s.strip()]
+    if len(specs) < 2:
+        raise ConfigError("hybrid needs two or more drafters joined by '+', e.g. hybrid:suffix+recycle")
+    parts = []
+    for spec in specs:
+        if spec.split(":")[0].strip().lower() == "hybrid":
+            raise ConfigError("a hybrid drafter cannot contain another hybrid")
+        drafter = build_drafter(spec, ctx)
+        parts.append((drafter.name, drafter))
+    names = [n for n, _ in parts]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"hybrid parts must be different drafters, got {'+'.join(names)}")
+    return HybridDrafter(parts)

@@ -1,0 +1,186 @@
+"""What every model-backed drafter shares: its own paged KV cache, catch-up, the chain and tree loops over one
+forward function, and rollback by truncate.
+
+A draft model and an EAGLE predictor differ only in what one forward reads and returns, so each subclass gives
+three small pieces and this class does the rest:
+
+* `_catch_up(seqs)`: the rows each sequence's cache lacks since the last step (committed tokens for a draft
+  model; (feature, token) pairs for EAGLE). Their forward's last output row is the root's.
+* `_forward(feeds)`: one batched forward over every feed's new rows, appended to the drafter's own cache;
+  returns per feed the output rows it asked for (`Feed.outputs` trailing rows, or all).
+* `_logits(outputs)`: draft logits `[R, V']` for output rows, with the draft-id -> target-id map when the
+  drafter's vocabulary is reduced (None for the full vocabulary).
+
+Chains feed one token per depth (the cache is causal). Trees re-feed the whole partial tree each depth with its
+ancestor mask (attention masks only among new tokens) and read the frontier's outputs; `tree.growth` decides
+which candidates become nodes. After drafting, the cache is truncated back to the committed rows, so a
+rejected draft leaves nothing behind.
+
+At temperature > 0 chains *sample* each token from the draft distribution (after the request's own
+temperature/top-k/top-p) and pass that distribution on, so rejection sampling stays lossless; tree nodes are
+top-k, deterministic, and the verifier treats them as one-hot proposals: lossless either way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from specdec.config import EngineConfig
+from specdec.drafters.base import DrafterBase
+from specdec.engine.sequence import Sequence
+from specdec.kvcache import BlockTable, PagedKVCache
+from specdec.sampling import sample, target_probs
+from specdec.tree.growth import TreeGrowth
+from specdec.tree.spec import TreeKind, TreeSpec
+from specdec.tree.token_tree import TokenTree
+
+
+@dataclass
+class Feed:
+    """New rows of one sequence for one draft forward."""
+
+    table: BlockTable  # the sequence's table in the drafter's own cache
+    tokens: list[int]
+    positions: list[int]
+    inputs: Tensor | None = None  # [n, F] per-row inputs besides the token (EAGLE: the parent's features)
+    mask: Tensor | None = None  # [n, n] visibility among the new rows; None = causal
+    outputs: int | None = None  # trailing rows whose outputs are needed (None = all)
+
+
+def spare_blocks(engine: EngineConfig) -> int:
+    """Blocks a drafter's own cache needs beyond the target's: every running sequence's draft tree."""
+    return engine.max_num_seqs * (-(-engine.max_tree_nodes // engine.block_size) + 1)
+
+
+class ModelDrafter(DrafterBase):
+    """Base of drafters that run a model of their own. Subclasses set `self.cache` and the three hooks."""
+
+    cache: PagedKVCache
+    feeds_parent_outputs = False  # EAGLE: a node's input row is its parent's output
+
+    # ----------------------------------------------------------------------------------------- hooks
+    def _catch_up(self, seqs: list[Sequence]) -> list[Feed]:
+        raise NotImplementedError
+
+    def _forward(self, feeds: list[Feed]) -> list[Tensor]:
+        raise NotImplementedError
+
+    def _logits(self, outputs: Tensor) -> tuple[Tensor, Tensor | None]:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------------------ state
+    def table(self, seq: Sequence) -> BlockTable:
+        """`seq`'s table in the drafter's own cache (a subclass with richer state overrides this)."""
+        return self.slot(seq, BlockTable)
+
+    def free(self, state: object) -> None:
+        table = state if isinstance(state, BlockTable) else getattr(state, "table", None)
+        if table is not None:
+            self.cache.free(table)
+
+    # --------------------------------------------------------------------------------------- drafting
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:
+        feeds = self._catch_up(seqs)
+        root = torch.cat([out[-1:] for out in self._forward(feeds)])  # [B, X]: the output at each root
+        tables = [feed.table for feed in feeds]
+        committed = [table.length for table in tables]
+        if spec.depth == 0:
+            trees = [TokenTree.chain([seq.last_token]) for seq in seqs]
+        elif spec.kind is TreeKind.CHAIN:
+            trees = self._chains(seqs, tables, root, spec.depth)
+        else:
+            trees = self._trees(seqs, tables, root, spec)
+        for table, length in zip(tables, committed):
+            self.cache.truncate(table, length)
+        return trees
+
+    def _pick(self, seqs: list[Sequence], outputs: Tensor) -> tuple[list[int], list[Tensor | None]]:
+        """One token per sequence: the draft's argmax for greedy requests (one batched argmax), a sample from
+        the processed draft distribution for sampled ones (returned too, for rejection sampling)."""
+        logits, ids = self._logits(outputs)
+        tokens = logits.argmax(-1)
+        if ids is not None:
+            tokens = ids[tokens]
+        picked, probs = tokens.tolist(), [None] * len(seqs)
+        for i, seq in enumerate(seqs):
+            if not seq.params.greedy:
+                q = target_probs(self._full_vocab(logits[i: i + 1], ids), seq.params)[0]
+                picked[i] = sample(q, seq.generator)
+                probs[i] = q
+        return picked, probs
+
+    def _full_vocab(self, logits: Tensor, ids: Tensor | None) -> Tensor:
+        """Reduced-vocabulary logits scattered into the target's vocabulary (-inf elsewhere)."""
+        if ids is None:
+            return logits
+        full = torch.full((logits.shape[0], self.vocab_size), float("-inf"), device=logits.device)
+        full[:, ids] = logits.float()
+        return full
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def _chains(self, seqs: list[Sequence], tables: list[BlockTable], outputs: Tensor, depth: int) -> list[TokenTree]:
+        drafted: list[list[int]] = [[] for _ in seqs]
+        probs: list[list[Tensor]] = [[] for _ in seqs]
+        for d in range(depth):
+            tokens, rows = self._pick(seqs, outputs)
+            for i, (token, q) in enumerate(zip(tokens, rows)):
+                drafted[i].append(token)
+                if q is not None:
+                    probs[i].append(q)
+            if d + 1 < depth:
+                feeds = [Feed(table, [tokens[i]], [table.length],
+                              outputs[i: i + 1] if self.feeds_parent_outputs else None, outputs=1)
+                         for i, table in enumerate(tables)]
+                outputs = torch.cat([out[-1:] for out in self._forward(feeds)])
+        trees = []
+        for i, seq in enumerate(seqs):
+            rows = torch.cat([torch.zeros_like(probs[i][0])[None], torch.stack(probs[i])]) if probs[i] else None
+            trees.append(TokenTree.chain([seq.last_token] + drafted[i], rows))
+        return trees
+
+    def _trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor, spec: TreeSpec) -> list[TokenTree]:
+        """Grow every sequence's tree depth by depth: one batched draft forward per depth."""
+        growths = [TreeGrowth(seq.last_token, spec) for seq in seqs]
+        node_out = [root[i: i + 1] for i in range(len(seqs))]  # per sequence: outputs of its nodes so far
+        frontier = root
+        active = list(range(len(seqs)))
+        while active:
+            logits, ids = self._logits(frontier)
+            top = torch.log_softmax(logits.float(), dim=-1).topk(min(spec.topk, logits.shape[-1]), dim=-1)
+            top_ids = ids[top.indices] if ids is not None else top.indices
+            row = 0
+            for i in active:
+                n = len(growths[i].frontier)
+                growths[i].expand(top.values[row: row + n], top_ids[row: row + n])
+                row += n
+            active = [i for i in active if not growths[i].done]
+            if not active:
+                break
+            feeds = [self._tree_feed(growths[i], tables[i], node_out[i]) for i in active]
+            prefixes = [feed.table.length for feed in feeds]
+            rows = []
+            for i, feed, prefix, out in zip(active, feeds, prefixes, self._forward(feeds)):
+                self.cache.truncate(feed.table, prefix)
+                if self.feeds_parent_outputs:  # every node's output, root first
+                    node_out[i] = torch.cat([node_out[i][:1], out])
+                    rows.append(node_out[i][growths[i].frontier])
+                else:  # the frontier is the newest nodes: the feed's last rows
+                    rows.append(out[-len(growths[i].frontier):])
+            frontier = torch.cat(rows)
+        return [g.tree() for g in growths]
+
+    def _tree_feed(self, growth: TreeGrowth, table: BlockTable, node_out: Tensor) -> Feed:
+        """The drafted nodes so far as new rows after the committed ones (the root is the last committed row)."""
+        tree = growth.partial()
+        inputs = None
+        if self.feeds_parent_outputs:
+            inputs = node_out[tree.parents[1:]]
+        return Feed(table, tree.token_list[1:], (tree.depth[1:] + table.length - 1).tolist(), inputs,
+                    tree.ancestor_mask[1:, 1:], outputs=None if self.feeds_parent_outputs else len(growth.frontier))

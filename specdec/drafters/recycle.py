@@ -1,0 +1,139 @@
+"""`recycle[:k=8,tree=<template>,min_prob=0]`: Token Recycling (Luo et al., 2024), speculation from the target's
+own discarded logits.
+
+Each verify pass computes the target's logits at every tree node; the top-k of each node's row is written into
+the adjacency matrix row of that node's token, with the probabilities the target gave them
+(`recycle_matrix.py`), and the next tree is grown from that matrix, from the root, with no model call:
+
+* a dynamic tree spec (the default, `dynamic:depth=6,topk=4,budget=8`) grows best-first on the recycled
+  probabilities: the `budget` paths whose product of probabilities is highest, at most `topk` children per
+  node, none below `min_prob`. The budget goes where the target was sure last time;
+* a static spec (`tree=<name|file>`, or `--tree static:...`) expands a fixed template of ranks level by
+  level with vectorised lookups (the paper's method); `chain:k=N` follows rank 0.
+
+The matrix belongs to the drafter, i.e. to the engine: it persists across requests (what one request taught
+helps the next), costs `V * k * 8` bytes (3 MiB for SmolLM2 at k = 8), and keeps no per-sequence state at all,
+so rollback and preemption leave nothing behind. `reset()` forgets it. Proposals are deterministic, i.e.
+one-hot to the verifier: lossless at any temperature.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from specdec.drafters.base import DrafterBase, DrafterContext
+from specdec.drafters.hybrid_merge import ScoredTree
+from specdec.drafters.recycle_matrix import AdjacencyMatrix, TemplateLayout, template_layout
+from specdec.drafters.registry import float_arg, int_arg, register, reject_unknown
+from specdec.engine.sequence import Sequence
+from specdec.errors import ConfigError
+from specdec.tree.spec import TreeKind, TreeSpec, choices_of, parse_tree_spec
+from specdec.tree.token_tree import TokenTree
+from specdec.verifier.result import VerifyResult
+
+DEFAULT_TREE = "dynamic:depth=6,topk=4,budget=8"
+DEFAULT_PAIR_BITS = 16  # 65536 pair rows: 4.7 MiB beside the 3 MiB of single rows at k = 8
+
+
+class RecycleDrafter(DrafterBase):
+    name = "recycle"
+    observes_verification = True  # the engine hands over the logits of every verified node
+
+    def __init__(self, vocab_size: int, k: int = 8, tree: str = DEFAULT_TREE, min_prob: float = 0.0,
+                 pair_bits: int = DEFAULT_PAIR_BITS, seed: bool = True) -> None:
+        self.matrix = AdjacencyMatrix(vocab_size, k, pair_bits)
+        self.min_prob = min_prob
+        self.wants_prefill_logits = seed  # seed the matrix from the prompt's logits (costs an LM head per row)
+        self._default = parse_tree_spec(tree if ":" in tree else f"static:{tree}")
+
+    def default_tree(self) -> TreeSpec:
+        return self._default
+
+    def reset(self) -> None:
+        self.matrix.reset()
+
+    # ----------------------------------------------------------------------------------------- proposals
+    def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:
+        return [TokenTree.from_parents(tokens, parents) for tokens, parents, _ in self._expand(seqs, spec)]
+
+    def propose_scored(self, seqs: list[Sequence], spec: TreeSpec) -> list[ScoredTree]:
+        """The same trees with each node's recycled target probability as its raw score (for hybrid trees)."""
+        return [ScoredTree(tokens, parents, scores) for tokens, parents, scores in self._expand(seqs, spec)]
+
+    def _expand(self, seqs: list[Sequence], spec: TreeSpec) -> list[tuple[list[int], list[int], list[float]]]:
+        out = []
+        for seq in seqs:
+            prev = _before_last(seq)
+            if spec.kind is TreeKind.DYNAMIC:  # best-first on the recycled probabilities
+                out.append(self.matrix.expand_best_first(seq.last_token, spec.budget, spec.depth, self.min_prob,
+                                                         spec.topk, prev))
+                continue
+            tokens, parents = self.matrix.expand(seq.last_token, self._layout(spec), spec.depth, prev)
+            out.append((tokens, parents, self._scores(tokens, parents, prev)))
+        return out
+
+    def _scores(self, tokens: list[int], parents: list[int], prev: int) -> list[float]:
+        """Each node's recycled probability in its parent's row (the raw score a hybrid tree calibrates)."""
+        if len(tokens) == 1:
+            return [0.0]
+        tok, up = np.array(tokens), np.array(parents[1:])
+        before = np.array([prev] + [tokens[p] for p in parents[1:]])  # the token before each node
+        succ, probs = self.matrix.rows(before[up], tok[up])  # each node's parent's row
+        match = succ == tok[1:, None]
+        return [0.0] + (probs * match).sum(axis=1).tolist()
+
+    def _layout(self, spec: TreeSpec) -> TemplateLayout:
+        return template_layout(choices_of(spec))
+
+    # --------------------------------------------------------------------------------------- observation
+    def observe_prefill_logits(self, seq: Sequence, start: int, logits: Tensor | None) -> None:
+        """Seed the matrix with the prompt: row `prompt[i]` gets the top-k the target computed at position i."""
+        if logits is None or not logits.shape[0]:
+            return
+        ids = seq.token_ids
+        n = logits.shape[0]
+        tokens = torch.tensor(ids[start: start + n], dtype=torch.int64)
+        prev = torch.tensor(([ids[start - 1]] if start else [-1]) + ids[start: start + n - 1], dtype=torch.int64)
+        self.matrix.update(tokens, logits, prev)
+
+    def observe_verified(self, seqs: list[Sequence], trees: list[TokenTree], logits: list[Tensor],
+                         results: list[VerifyResult]) -> None:
+        """Recycle every verified row into the matrix, the accepted path last (its context really happened)."""
+        tokens, prevs, rows = [], [], []
+        for seq, tree, row_logits, result in zip(seqs, trees, logits, results):
+            accepted = result.accepted_nodes
+            on_path = set(accepted)
+            order = [i for i in range(len(tree)) if i not in on_path] + accepted
+            index = torch.tensor(order, dtype=torch.int64)
+            node_tokens = tree.tokens
+            before = torch.cat([torch.tensor([_before_last(seq)]), node_tokens[tree.parents[1:]]])
+            tokens.append(node_tokens[index])
+            prevs.append(before[index])
+            rows.append(row_logits[index])
+        if tokens:
+            self.matrix.update(torch.cat(tokens), torch.cat(rows), torch.cat(prevs))
+
+    # no per-sequence state: the matrix is shared, and updated in observe_verified (commit/release: DrafterBase)
+
+
+def _before_last(seq: Sequence) -> int:
+    """The token before the sequence's last one (-1 for a one-token sequence): the root's pair context."""
+    if len(seq.output_ids) >= 2:
+        return seq.output_ids[-2]
+    ids = seq.token_ids
+    return ids[-2] if len(ids) >= 2 else -1
+
+
+@register("recycle")
+def _build(args: dict[str, str], ctx: DrafterContext) -> RecycleDrafter:
+    k = int_arg(args, "k", 8)
+    tree = args.pop("tree", DEFAULT_TREE)
+    min_prob = float_arg(args, "min_prob", 0.0, 0.0, 1.0)
+    pair_bits = int_arg(args, "pairs", DEFAULT_PAIR_BITS, minimum=0)
+    seed = bool(int_arg(args, "seed", 1, minimum=0))
+    reject_unknown("recycle", args)
+    if pair_bits > 24:
+        raise ConfigError(f"recycle option pairs is log2 of the pair table's rows, at most 24; got {pair_bits}")
+    return RecycleDrafter(ctx.target.model.config.vocab_size, k, tree, min_prob, pair_bits, seed)

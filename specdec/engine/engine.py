@@ -1,0 +1,293 @@
+"""The engine step: schedule, propose, forward, verify, commit, finish.
+
+    waiting ─► Scheduler ─► prefill chunks + decoding sequences
+    Planner + Drafter.propose ─► one TokenTree per decoding sequence
+    ONE target forward over every chunk and every tree node (tree-masked attention over the paged cache)
+    verify (greedy, batched; or rejection sampling per sequence) ─► accepted path + bonus token per sequence
+    KV commit (compact accepted path, truncate the rest) ─► Drafter.commit ─► stop checks ─► outputs
+
+Plain decode is the same step with the `none` drafter, whose trees are just the root. The engine knows no
+tokenizer internals (stopping.py decodes) and no cache internals (the scheduler and runner own them).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from torch import Tensor
+
+from specdec.config import EngineConfig, SamplingParams
+from specdec.drafters.base import Drafter
+from specdec.engine.health import check_finite_logits
+from specdec.engine.planner import SpeculationPlanner
+from specdec.engine.runner import Chunk, ChunkOutput, ModelRunner, Rows
+from specdec.engine.scheduler import ScheduledBatch, Scheduler, prefill_target
+from specdec.engine.sequence import Sequence, Status
+from specdec.engine.stopping import StopRules, TextState
+from specdec.errors import OutOfBlocksError, PromptTooLongError
+from specdec.models.llama import LlamaModel
+from specdec.sampling import make_generator, sample, target_probs
+from specdec.tree.spec import TreeSpec
+from specdec.tree.token_tree import TokenTree
+from specdec.verifier import VerifyResult, verify_greedy_batch
+from specdec.verifier.select import Rule, rule_for, sampled_rule
+
+StepObserver = Callable[[Sequence, TokenTree, VerifyResult], None]
+
+
+@dataclass
+class _Timing:
+    start: float
+    proposed: float = 0.0
+    committed: float = 0.0
+    drafter_after: float = 0.0  # the drafter's bookkeeping after verification: drafting cost, not verify cost
+
+
+class Engine:
+    def __init__(self, model: LlamaModel, tokenizer: Any, config: EngineConfig, drafter: Drafter, tree: TreeSpec,
+                 planner: SpeculationPlanner | None = None) -> None:
+        self.config = config
+        self.drafter = drafter
+        self.tree = tree
+        # A planner passed in keeps what an earlier engine of the same model and drafter measured.
+        self.planner = (planner or SpeculationPlanner()) if config.adaptive_speculation else None
+        self.runner = ModelRunner.create(model, config.num_blocks, config.block_size,
+                                         prefix_caching=config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.runner.cache)
+        self.max_len = model.config.max_position
+        eos = set(model.config.eos_token_ids)
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        self.stops = StopRules(tokenizer, frozenset(eos), self.max_len)
+        self._ids = itertools.count()
+        self._rules: dict[int, Rule] = {}
+        self.sequences: dict[int, Sequence] = {}
+        # Called as observer(seq, tree, result) after each verified step: experiments record trees and accepted
+        # paths here without the engine knowing what they measure.
+        self.step_observers: list[StepObserver] = []
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        return self.stops.eos_ids
+
+    # ----------------------------------------------------------------------------------------------- requests
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        self.check_request(prompt_ids, params)
+        seq = Sequence(next(self._ids), list(prompt_ids), params, make_generator(params.seed, self.runner.device),
+                       text=TextState())
+        self._rules[seq.seq_id] = rule_for(params, self.config)
+        self.sequences[seq.seq_id] = seq
+        self.scheduler.add(seq)
+        return seq
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise what `add_request` would raise for this request, adding nothing (batch callers check each
+        record first, so one bad record does not stop the rest)."""
+        if not prompt_ids:
+            raise PromptTooLongError("the prompt is empty: give at least one token")
+        if len(prompt_ids) >= self.max_len:
+            raise PromptTooLongError(
+                f"the prompt has {len(prompt_ids)} tokens, but the model's context is {self.max_len} tokens "
+                "(and at least one must be left to generate into)"
+            )
+        worst = min(len(prompt_ids) + params.max_new_tokens, self.max_len) + self.tree.max_nodes
+        if self.scheduler.capacity_tokens < worst:
+            raise OutOfBlocksError(
+                f"this request needs up to {worst} tokens of KV cache but the engine holds only "
+                f"{self.scheduler.capacity_tokens}; raise kv_cache_tokens"
+            )
+
+    def abort(self, seq_id: int) -> None:
+        seq = self.sequences.get(seq_id)
+        if seq is not None and not seq.is_finished:
+            self._finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---------------------------------------------------------------------------------------------------- step
+    def step(self) -> list[Sequence]:
+        """Run one engine step; returns the sequences that emitted tokens or finished in it."""
+        batch = self._schedule()
+        if batch is None:
+            return []
+        timing = _Timing(time.perf_counter())
+        trees = self._propose(batch)
+        timing.proposed = time.perf_counter()
+        prefill_outs, tree_outs = self._forward(batch, trees)
+        touched = self._finish_prefills(batch, prefill_outs)
+        results = self._verify(batch.decodes, trees, tree_outs)
+        self._commit(batch.decodes, trees, tree_outs, results, timing)
+        timing.committed = time.perf_counter()
+        self._observe(batch, trees, results, timing)
+        for seq, result in zip(batch.decodes, results):
+            # tau counts the tokens a step emitted, not those a stop cut off after it
+            seq.metrics.step_accepts.append(self._emit(seq, result.tokens))
+            touched.append(seq)
+        return touched
+
+    def _schedule(self) -> ScheduledBatch | None:
+        batch = self.scheduler.schedule(self.tree.max_nodes)
+        if batch.preempted:
+            self.drafter.release(batch.preempted)
+        if not batch.empty:
+            return batch
+        if batch.preempted or not self.scheduler.running:
+            return None
+        raise OutOfBlocksError("the KV cache cannot hold even one running sequence; raise kv_cache_tokens")
+
+    def _propose(self, batch: ScheduledBatch) -> list[TokenTree]:
+        """Trees for the decoding sequences: the drafter's, cut to the planner's depth and to the context."""
+        seqs = batch.decodes
+        if not seqs:
+            return []
+        if self.planner is None:
+            trees = self.drafter.propose(seqs, self.tree)
+        else:
+            trees = self._planned_trees(seqs, sum(n for _, n in batch.prefills))
+        return [tree.cut(self.max_len - seq.table.length - 1) for seq, tree in zip(seqs, trees)]
+
+    def _planned_trees(self, seqs: list[Sequence], prefill_tokens: int) -> list[TokenTree]:
+        depths = self.planner.plan(seqs, self.tree, prefill_tokens)
+        drafting = [seq for seq, d in zip(seqs, depths) if d > 0]
+        trees: dict[int, TokenTree] = {}
+        if drafting:
+            deepest = max(depths)
+            start = time.perf_counter()
+            proposed = self.drafter.propose(drafting, self.tree.limited(deepest))
+            self.planner.observe_draft(deepest, time.perf_counter() - start, len(drafting))
+            trees = {seq.seq_id: tree for seq, tree in zip(drafting, proposed)}
+        return [trees[seq.seq_id].cut(d) if d > 0 else TokenTree.chain([seq.last_token])
+                for seq, d in zip(seqs, depths)]
+
+    def _forward(self, batch: ScheduledBatch, trees: list[TokenTree]) -> tuple[list[ChunkOutput], list[ChunkOutput]]:
+        """ONE target pass over every prefill chunk and every tree; outputs split back into the two groups."""
+        chunks = [self._prefill_chunk(seq, n) for seq, n in batch.prefills]
+        chunks += [Chunk(seq.table, tree.token_list, tree.positions(seq.table.length).tolist(),
+                         None if tree.is_chain else tree.ancestor_mask, Rows.ALL)
+                   for seq, tree in zip(batch.decodes, trees)]
+        outs = self.runner.run(chunks, return_hidden=self.drafter.needs_features,
+                               capture_layers=self.drafter.feature_layers)
+        check_finite_logits(outs)  # NaN/Inf logits stop the step with a clear error, not token 0
+        return outs[: len(batch.prefills)], outs[len(batch.prefills):]
+
+    def _prefill_chunk(self, seq: Sequence, n: int) -> Chunk:
+        start = seq.num_computed
+        done = start + n == prefill_target(seq)
+        if self.drafter.wants_prefill_logits:  # Token Recycling seeds its matrix from every prompt row's logits
+            rows = Rows.ALL
+        else:
+            rows = Rows.LAST if done and not seq.output_ids else Rows.NONE
+        return Chunk(seq.table, seq.token_ids[start: start + n], list(range(start, start + n)), None, rows)
+
+    def _finish_prefills(self, batch: ScheduledBatch, outs: list[ChunkOutput]) -> list[Sequence]:
+        """Hand prefill features to the drafter; a sequence whose prompt is done draws its first token."""
+        touched = []
+        for (seq, n), out in zip(batch.prefills, outs):
+            self.drafter.observe_prefill(seq, out.prefix_len, out.hidden)
+            if self.drafter.wants_prefill_logits:
+                self.drafter.observe_prefill_logits(seq, out.prefix_len, out.logits)
+            self.scheduler.prefilled(seq)
+            if seq.num_computed == prefill_target(seq) and not seq.output_ids:
+                self._emit(seq, [self._first_token(seq, out.logits[-1])])
+                touched.append(seq)
+        return touched
+
+    def _first_token(self, seq: Sequence, logits: Tensor) -> int:
+        if seq.params.greedy:
+            return int(logits.argmax())
+        return sample(target_probs(logits[None], seq.params)[0], seq.generator)
+
+    def _verify(self, seqs: list[Sequence], trees: list[TokenTree], outs: list[ChunkOutput]) -> list[VerifyResult]:
+        """Greedy sequences in one batched pass; sampled ones by their rule, each with its own generator."""
+        results: list[VerifyResult | None] = [None] * len(seqs)
+        greedy = [i for i, seq in enumerate(seqs) if self._rules[seq.seq_id] is Rule.GREEDY]
+        for i, result in zip(greedy, verify_greedy_batch([trees[i] for i in greedy], [outs[i].logits for i in greedy])):
+            results[i] = result
+        for i, seq in enumerate(seqs):
+            if results[i] is None:
+                verify = sampled_rule(self._rules[seq.seq_id], self.config)
+                results[i] = verify(trees[i], outs[i].logits, seq.params, seq.generator)
+        if self.drafter.needs_features:
+            results = [replace(r, hidden=out.hidden[r.accepted_nodes]) for r, out in zip(results, outs)]
+        return results  # type: ignore[return-value]
+
+    def _commit(self, seqs: list[Sequence], trees: list[TokenTree], outs: list[ChunkOutput],
+                results: list[VerifyResult], timing: _Timing) -> None:
+        """Keep each accepted path's K/V (rollback of the rest), then let the drafter advance or roll back."""
+        for seq, out, result in zip(seqs, outs, results):
+            self.runner.commit_path(seq.table, out.prefix_len, result.accepted_nodes)
+            self.scheduler.committed(seq)
+        if not seqs:
+            return
+        start = time.perf_counter()
+        if self.drafter.observes_verification:  # Token Recycling reuses every node's logits; hybrids calibrate
+            self.drafter.observe_verified(seqs, trees, [out.logits for out in outs], results)
+        self.drafter.commit(seqs, results)
+        timing.drafter_after = time.perf_counter() - start
+
+    def _observe(self, batch: ScheduledBatch, trees: list[TokenTree], results: list[VerifyResult],
+                 timing: _Timing) -> None:
+        draft_s = timing.proposed - timing.start + timing.drafter_after
+        verify_s = timing.committed - timing.proposed - timing.drafter_after
+        if self.planner is not None:  # the whole verify side: forward, verification, KV commit, drafter commit
+            prefill_tokens = sum(n for _, n in batch.prefills)
+            self.planner.observe_forward(prefill_tokens + sum(len(tree) for tree in trees),
+                                         timing.committed - timing.proposed, prefill_tokens=prefill_tokens)
+        for seq, tree, result in zip(batch.decodes, trees, results):
+            self._record(seq, tree, result, draft_s, verify_s)
+            if self.planner is not None:
+                self.planner.observe_step(int(tree.depth.max()), result.num_accepted_drafts)
+            for observer in self.step_observers:
+                observer(seq, tree, result)
+
+    def _record(self, seq: Sequence, tree: TokenTree, result: VerifyResult, draft_s: float, verify_s: float) -> None:
+        m = seq.metrics
+        m.draft_time_s += draft_s
+        m.verify_time_s += verify_s
+        depth = int(tree.depth.max())
+        while len(m.proposed_by_depth) < depth:
+            m.proposed_by_depth.append(0)
+            m.accepted_by_depth.append(0)
+        for d in range(depth):
+            m.proposed_by_depth[d] += 1
+            m.accepted_by_depth[d] += int(result.num_accepted_drafts > d)
+        m.accepted_drafts += result.num_accepted_drafts
+        accepted = result.accepted_nodes[1:]
+        if tree.source is not None:  # several drafters built the tree: remember who proposed each accepted token
+            names = self.drafter.source_names
+            labels = [names[s] for s in tree.source[accepted].tolist()] if accepted else []
+            base = len(seq.output_ids)
+            for j, label in enumerate(labels):
+                m.source_of[base + j] = label
+        else:
+            labels = [self.drafter.name] * len(accepted)
+        for label in labels:
+            m.accepted_by_source[label] = m.accepted_by_source.get(label, 0) + 1
+
+    # ------------------------------------------------------------------------------------------- stop checks
+    def _emit(self, seq: Sequence, tokens: list[int]) -> int:
+        """Append tokens up to the first stop (EOS, length, stop string); returns how many were kept."""
+        if seq.metrics.first_token_time is None:
+            seq.metrics.first_token_time = time.perf_counter()
+        kept, reason = self.stops.append(seq.text, seq.output_ids, tokens, seq.params, len(seq.prompt_ids))
+        if reason is not None:
+            self._finish(seq, reason)
+        return kept
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        seq.metrics.finish_time = time.perf_counter()
+        self.stops.finish(seq.text, seq.output_ids)
+        self.scheduler.remove(seq)
+        self.drafter.release([seq])
+        self._rules.pop(seq.seq_id, None)
+
+    def output_text(self, seq: Sequence) -> str:
+        """The request's text so far (up to a matched stop string), decoding only what is new."""
+        self.stops.decode(seq.text, seq.output_ids, final=seq.is_finished)
+        return seq.text.visible(seq.params.stop, seq.is_finished)

@@ -1,0 +1,111 @@
+"""The hybrid drafter through the engine: lossless greedy output, one budget over all parts, per-proposer
+metrics, calibration fed by what the verifier accepted."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specdec.config import EngineConfig, SamplingParams
+from specdec.drafters.base import DrafterBase, DrafterContext
+from specdec.drafters.hybrid import HybridDrafter
+from specdec.drafters.hybrid_merge import ScoredTree
+from specdec.drafters.none import NoDrafter
+from specdec.drafters.registry import build_drafter
+from specdec.errors import ConfigError
+from specdec.tree.spec import TreeSpec, chain
+from tests.helpers import run_all, tiny_engine, tiny_model
+
+VOCAB = 24
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [9, 8, 7, 9, 8], [4, 4, 4, 4], [1, 2, 3, 4, 5, 1, 2, 3]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=9, vocab=VOCAB, sharpness=2.0)
+
+
+def context(model) -> DrafterContext:
+    return DrafterContext(SimpleNamespace(model=model, source="tiny"), EngineConfig(), torch.device("cpu"),
+                          torch.float32, None)
+
+
+def run(model, drafter, tree, prompts=PROMPTS):
+    engine = tiny_engine(model, drafter, tree, adaptive_speculation=False)
+    seqs = [engine.add_request(p, SamplingParams(max_new_tokens=40, ignore_eos=True)) for p in prompts]
+    observed = []
+    engine.step_observers.append(lambda seq, t, result: observed.append(t))
+    run_all(engine)
+    assert engine.runner.cache.num_free_blocks == engine.runner.cache.pool.num_blocks
+    return seqs, observed
+
+
+@pytest.mark.parametrize("spec", ["hybrid:suffix+recycle", "hybrid:ngram+recycle:k=4", "hybrid:suffix+ngram+recycle"])
+@pytest.mark.parametrize("tree", [chain(4), TreeSpec("dynamic", depth=4, topk=3, budget=6)])
+def test_hybrid_output_equals_plain_greedy_within_one_budget(model, spec, tree):
+    plain, _ = run(model, NoDrafter(), chain(0))
+    drafter = build_drafter(spec, context(model))
+    seqs, trees = run(model, drafter, tree)
+    assert [s.output_ids for s in seqs] == [s.output_ids for s in plain]
+    assert all(len(t) - 1 <= tree.budget and int(t.depth.max()) <= tree.depth for t in trees)
+    assert all(t.source is not None and (t.source[1:] > 0).all() for t in trees if len(t) > 1)
+    accepted = sum(s.metrics.accepted_drafts for s in seqs)
+    assert accepted > 0
+    by_source = {}
+    for s in seqs:
+        for name, n in s.metrics.accepted_by_source.items():
+            by_source[name] = by_source.get(name, 0) + n
+        assert not s.drafter_state, "a finished request kept drafter state"
+    assert sum(by_source.values()) == accepted
+    assert set(by_source) <= set(drafter.source_names[1:])
+    tried = sum(c[0] for c in drafter.calibration._counts.values())
+    assert tried > 0, "the calibration never saw a verified node"
+
+
+class Scripted(DrafterBase):
+    """Proposes a chain from a known greedy continuation, shifted by `offset` (0 = always right), claiming
+    `score` for every node."""
+
+    def __init__(self, name: str, continuation: dict[int, list[int]], offset: int, score: float) -> None:
+        self.name, self.continuation, self.offset, self.score = name, continuation, offset, score
+
+    def default_tree(self) -> TreeSpec:
+        return chain(2)
+
+    def propose_scored(self, seqs, spec):
+        out = []
+        for seq in seqs:
+            future = self.continuation[seq.seq_id][len(seq.output_ids):][: spec.depth]
+            tokens = [seq.last_token] + [(t + self.offset) % VOCAB for t in future]
+            out.append(ScoredTree(tokens, list(range(-1, len(tokens) - 1)), [0.0] + [self.score] * len(future)))
+        return out
+
+    def propose(self, seqs, spec):
+        raise AssertionError("the hybrid asks for scored trees")
+
+
+def test_calibration_moves_the_budget_to_the_part_the_verifier_accepts(model):
+    plain, _ = run(model, NoDrafter(), chain(0))
+    continuation = {i: s.output_ids for i, s in enumerate(plain)}
+    liar = Scripted("liar", continuation, offset=1, score=0.9)  # confident and always wrong
+    good = Scripted("good", continuation, offset=0, score=0.3)  # modest and always right
+    drafter = HybridDrafter([("liar", liar), ("good", good)])
+    before = drafter.calibration.estimate(1, 1, 0.9), drafter.calibration.estimate(2, 1, 0.3)
+    seqs, trees = run(model, drafter, TreeSpec("dynamic", depth=2, topk=2, budget=2))
+    after = drafter.calibration.estimate(1, 1, 0.9), drafter.calibration.estimate(2, 1, 0.3)
+    assert after[0] < before[0] - 0.3 and after[1] > before[1] + 0.3
+    # with a budget of 2, the first trees hold the liar's confident chain; once calibrated, the good one's
+    assert trees[0].source[1:].tolist() == [1, 1] and trees[-1].source[1:].tolist() == [2, 2]
+    assert sum(s.metrics.accepted_by_source.get("good", 0) for s in seqs) > 0
+    assert all(s.output_ids == p.output_ids for s, p in zip(seqs, plain))
+
+
+def test_bad_hybrid_specs_are_refused(model):
+    ctx = context(model)
+    for spec in ["hybrid:suffix", "hybrid:recycle+recycle", "hybrid:suffix+hybrid:ngram+recycle",
+                 "hybrid:suffix+nonsense"]:
+        with pytest.raises(ConfigError):
+            build_drafter(spec, ctx)
+    assert isinstance(build_drafter("hybrid:suffix:min_prob=0.2+recycle:k=4", ctx), HybridDrafter)

@@ -1,0 +1,109 @@
+"""Token Recycling through the engine: what the matrix holds after a step is the top-k of the target's logits at
+every verified node, computed again here with a plain dense forward per node."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specdec.config import SamplingParams
+from specdec.drafters.recycle import RecycleDrafter
+from specdec.engine.runner import Chunk, ModelRunner
+from specdec.kvcache import BlockTable
+from specdec.tree.spec import TreeSpec, chain, parse_tree_spec
+from tests.helpers import run_all, tiny_engine, tiny_model
+
+VOCAB = 32
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=5, vocab=VOCAB, sharpness=2.0)
+
+
+def dense_next_logits(model, context: list[int]) -> torch.Tensor:
+    runner = ModelRunner.create(model, num_blocks=64, block_size=8)
+    return runner.run([Chunk(BlockTable(), context, list(range(len(context))), None, "last")])[0].logits[0]
+
+
+class Recording(RecycleDrafter):
+    """The real drafter, remembering each step's verified trees and the context they grew from."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps: list[tuple[list[int], object, object]] = []
+
+    def observe_verified(self, seqs, trees, logits, results) -> None:
+        for seq, tree, result in zip(seqs, trees, results):
+            self.steps.append((list(seq.token_ids), tree, result))
+        super().observe_verified(seqs, trees, logits, results)
+
+
+@pytest.mark.parametrize("tree", [TreeSpec("dynamic", depth=3, topk=3, budget=6), chain(3),
+                                  parse_tree_spec("static:tree-8")])
+def test_matrix_holds_the_top_k_of_each_verified_nodes_logits(model, tree):
+    drafter = Recording(VOCAB, k=4)
+    engine = tiny_engine(model, drafter, tree, adaptive_speculation=False)
+    seq = engine.add_request([1, 2, 3, 1, 2], SamplingParams(max_new_tokens=30, ignore_eos=True))
+    checked = 0
+    while engine.has_unfinished():
+        before = len(drafter.steps)
+        engine.step()
+        for context, verified, result in drafter.steps[before:]:
+            tokens = verified.tokens.tolist()
+            paths: list[list[int]] = []
+            for i, parent in enumerate(verified.parent_list):
+                paths.append((paths[parent] if parent >= 0 else []) + [tokens[i]])
+            on_path = set(result.accepted_nodes)
+            last_writer = {}  # token -> the node whose row it keeps: the accepted path's, else the last one
+            for i in [n for n in range(len(tokens)) if n not in on_path] + result.accepted_nodes:
+                last_writer[tokens[i]] = i
+            for token, node in last_writer.items():
+                ref = dense_next_logits(model, context + paths[node][1:])
+                want = torch.sort(ref, descending=True, stable=True).indices[:4].numpy()
+                np.testing.assert_array_equal(drafter.matrix.table[token], want)
+                probs = torch.softmax(ref, dim=-1)[want.tolist()].numpy()
+                np.testing.assert_allclose(drafter.matrix.probs[token], probs, rtol=1e-4, atol=1e-6)
+                checked += 1
+    assert checked > 20
+    assert sum(len(t) > 1 for _, t, _ in drafter.steps) >= 3, "the matrix never drafted anything"
+    assert seq.metrics.accepted_drafts > 0
+
+
+def test_recycle_output_equals_plain_greedy_and_keeps_no_sequence_state(model):
+    prompts = [[1, 2, 3, 1, 2], [7, 7, 7], [4, 9, 4, 9, 4]]
+    plain = tiny_engine(model, RecycleDrafter(VOCAB, k=4), chain(0))
+    want = [plain.add_request(p, SamplingParams(max_new_tokens=40, ignore_eos=True)) for p in prompts]
+    run_all(plain)
+    drafter = RecycleDrafter(VOCAB, k=4)
+    engine = tiny_engine(model, drafter, drafter.default_tree())
+    got = [engine.add_request(p, SamplingParams(max_new_tokens=40, ignore_eos=True)) for p in prompts]
+    run_all(engine)
+    assert [s.output_ids for s in got] == [s.output_ids for s in want]
+    assert sum(s.metrics.accepted_drafts for s in got) > 0
+    assert all(not s.drafter_state for s in got)
+    assert (drafter.matrix.table >= 0).any()
+    drafter.reset()
+    assert (drafter.matrix.table < 0).all() and (drafter.matrix.pair_keys < 0).all()
+    assert drafter.matrix.nbytes == VOCAB * 4 * 8 + 2 ** 16 * (8 + 4 * 8)  # the memory bound: fixed at build time
+
+
+def test_prefill_seeds_each_prompt_tokens_row_with_the_logits_at_its_position(model):
+    drafter = RecycleDrafter(VOCAB, k=4)
+    engine = tiny_engine(model, drafter, chain(3), prefill_chunk=4)  # chunked: seeding must follow the chunks
+    prompt = [5, 1, 7, 2, 9, 3, 8, 6, 4, 10]
+    engine.add_request(prompt, SamplingParams(max_new_tokens=4, ignore_eos=True))
+    while not any(s.output_ids for s in engine.sequences.values()):
+        engine.step()
+    for i, token in enumerate(prompt):
+        want = torch.sort(dense_next_logits(model, prompt[: i + 1]), descending=True, stable=True).indices[:4]
+        np.testing.assert_array_equal(drafter.matrix.table[token], want.numpy())
+        if i:
+            succ, _ = drafter.matrix.rows(np.array([prompt[i - 1]]), np.array([token]))
+            np.testing.assert_array_equal(succ[0], want.numpy())
+    unseeded = RecycleDrafter(VOCAB, k=4, seed=False)
+    engine = tiny_engine(model, unseeded, chain(3))
+    engine.add_request(prompt, SamplingParams(max_new_tokens=1, ignore_eos=True))
+    run_all(engine)
+    assert (unseeded.matrix.table < 0).all()

@@ -1,0 +1,95 @@
+"""The speculation planner: deterministic decisions from injected measurements (no timing in tests)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.engine.planner import SpeculationPlanner, StepCost
+from specdec.config import SamplingParams
+from specdec.engine.sequence import Sequence
+from specdec.tree.spec import chain, parse_tree_spec
+
+
+def seq(i: int, accepted_by_depth: list[int] = (), proposed_by_depth: list[int] = (), **params) -> Sequence:
+    s = Sequence(i, [1, 2, 3], SamplingParams(**params), torch.Generator())
+    s.metrics.accepted_by_depth = list(accepted_by_depth)
+    s.metrics.proposed_by_depth = list(proposed_by_depth)
+    return s
+
+
+def planner(cost_per_token: float, fixed: float = 0.02, draft_per_depth: float = 0.0) -> SpeculationPlanner:
+    p = SpeculationPlanner()
+    for n in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
+        p.observe_forward(n, fixed + cost_per_token * n)
+    if draft_per_depth:
+        p.observe_draft(1, draft_per_depth, num_seqs=1)
+    return p
+
+
+def test_step_cost_interpolates_and_extrapolates():
+    cost = StepCost()
+    assert not cost.known
+    cost.observe(10, 1.0)
+    assert cost.predict(20) == 1.0  # one point: flat above (optimistic) ...
+    assert cost.predict(5) == pytest.approx(0.5)  # ... proportional below
+    cost.observe(30, 3.0)
+    assert cost.predict(20) == pytest.approx(2.0)
+    assert cost.predict(40) == pytest.approx(4.0)
+
+
+def test_cheap_rows_and_good_acceptance_speculate_fully():
+    p = planner(cost_per_token=0.0001)
+    seqs = [seq(i, [9, 8, 7, 6, 5], [10] * 5) for i in range(4)]
+    assert p.plan(seqs, chain(5)) == [5, 5, 5, 5]
+
+
+def test_compute_bound_steps_switch_speculation_off():
+    p = planner(cost_per_token=0.01, fixed=0.005)  # every row costs about as much as the fixed part
+    seqs = [seq(i, [5, 2, 1], [10] * 3) for i in range(64)]
+    assert p.plan(seqs, chain(3)) == [0] * 64
+
+
+def test_the_better_accepting_sequence_gets_the_deeper_tree():
+    p = planner(cost_per_token=0.003, fixed=0.02)
+    good, bad = seq(0, [95, 90, 85, 80], [100] * 4), seq(1, [10, 1, 0, 0], [100] * 4)
+    depths = p.plan([good, bad], chain(4))
+    assert depths[0] > depths[1]
+    assert depths[1] == 0
+
+
+def test_expensive_drafting_is_priced_in():
+    seqs = [seq(0, [60, 36, 20], [100] * 3)]
+    assert planner(0.0001).plan(seqs, chain(3)) == [3]
+    assert planner(0.0001, draft_per_depth=0.05).plan(seqs, chain(3)) == [0]
+
+
+def test_seeded_sampled_requests_always_get_the_full_tree():
+    p = planner(cost_per_token=0.01, fixed=0.005)
+    pinned = seq(0, [0, 0], [10, 10], temperature=0.8, seed=3)
+    free = seq(1, [0, 0], [10, 10], temperature=0.8)
+    assert p.plan([pinned, free], chain(2)) == [2, 0]
+
+
+def test_nothing_measured_means_full_trees_once():
+    assert SpeculationPlanner().plan([seq(0), seq(1)], chain(4)) == [4, 4]
+
+
+def test_tree_specs_count_nodes_per_depth():
+    spec = parse_tree_spec("static:tree-8")
+    assert [spec.nodes_within(d) for d in range(5)] == [0, 2, 5, 7, 8]
+    assert spec.limited(2).budget == 5 and spec.limited(2).depth == 2
+    dynamic = parse_tree_spec("dynamic:depth=4,topk=3,budget=10")
+    assert [dynamic.nodes_within(d) for d in range(5)] == [0, 3, 10, 10, 10]
+
+
+def test_draft_cost_grows_with_the_number_of_sequences_drafting():
+    """Cheap to draft for one sequence, dear for sixty-four: the planner drafts for the best few only."""
+    p = planner(cost_per_token=0.0001, fixed=0.2)
+    p.observe_draft(1, 0.001, num_seqs=1)
+    p.observe_draft(1, 0.064, num_seqs=64)
+    good = [seq(i, [90, 80], [100, 100]) for i in range(4)]
+    poor = [seq(4 + i, [10, 1], [100, 100]) for i in range(60)]
+    depths = p.plan(good + poor, chain(2))
+    assert all(d > 0 for d in depths[:4])
+    assert sum(d > 0 for d in depths) < 64
