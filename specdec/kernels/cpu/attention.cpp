@@ -40,8 +40,48 @@ inline float dot(const float* a, const float* b, int64_t d) {
 struct Scratch {
   std::vector<int64_t> keys;  // element offsets of the visible keys' rows (slot * kv_heads + head) * D
   std::vector<float> probs;   // [group, padded keys]
-  std::vector<float> acc;     // [group, D]
 };
+
+// Scores of one query head against keys[j0 .. j0 + count) (count <= 8), into out[0 .. count): one
+// accumulator per key, fed eight dimensions at a time in order, then a fixed horizontal sum.
+inline void scores8(const float* q, const float* k_base, const int64_t* keys, int64_t count, int64_t d, float scale,
+                    float* out) {
+  if (d % kLanes) {  // head sizes that are not a multiple of 8: the plain dot (still one fixed order)
+    for (int64_t t = 0; t < count; ++t) out[t] = dot(q, k_base + keys[t], d) * scale;
+    return;
+  }
+  vf acc[kLanes];
+  for (int64_t t = 0; t < count; ++t) acc[t] = splat(0.0f);
+  for (int64_t i = 0; i < d; i += kLanes) {
+    const vf qv = load(q + i);
+    for (int64_t t = 0; t < count; ++t) acc[t] = fma(qv, load(k_base + keys[t] + i), acc[t]);
+  }
+  for (int64_t t = 0; t < count; ++t) out[t] = hsum(acc[t]) * scale;
+}
+
+// out[0 .. d) = sum_j p[j] v_j / total over the listed keys, in key order, sixty-four dimensions at a time in
+// registers.
+inline void weighted_values(const float* p, const float* v_base, const int64_t* keys, int64_t n, int64_t d,
+                            float total, float* out) {
+  constexpr int64_t kBlock = 8 * kLanes;
+  int64_t i0 = 0;
+  for (; i0 + kBlock <= d; i0 += kBlock) {
+    vf acc[8];
+    for (int l = 0; l < 8; ++l) acc[l] = splat(0.0f);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* v = v_base + keys[j] + i0;
+      const vf pj = splat(p[j]);
+      for (int l = 0; l < 8; ++l) acc[l] = fma(pj, load(v + l * kLanes), acc[l]);
+    }
+    const vf t = splat(total);
+    for (int l = 0; l < 8; ++l) store(out + i0 + l * kLanes, acc[l] / t);
+  }
+  for (int64_t i = i0; i < d; ++i) {  // the rest of the head, one dimension at a time (same order per element)
+    float acc = 0.0f;
+    for (int64_t j = 0; j < n; ++j) acc = fma1(p[j], v_base[keys[j] + i], acc);
+    out[i] = acc / total;
+  }
+}
 
 // Softmax attention of `group` query heads (rows of `q`, D apart) over the keys at `keys`, written to `out`.
 __attribute__((noinline)) void attend_row(const float* q, int64_t group, const float* k_base, const float* v_base,
@@ -49,11 +89,9 @@ __attribute__((noinline)) void attend_row(const float* q, int64_t group, const f
                                           Scratch& s) {
   const int64_t padded = (n + kLanes - 1) / kLanes * kLanes;
   s.probs.resize(group * padded);
-  s.acc.assign(group * d, 0.0f);
-  for (int64_t j = 0; j < n; ++j) {
-    const float* k = k_base + keys[j];
-    for (int64_t g = 0; g < group; ++g) s.probs[g * padded + j] = dot(q + g * d, k, d) * scale;
-  }
+  for (int64_t g = 0; g < group; ++g)
+    for (int64_t j0 = 0; j0 < n; j0 += kLanes)
+      scores8(q + g * d, k_base, keys + j0, std::min<int64_t>(kLanes, n - j0), d, scale, s.probs.data() + g * padded + j0);
   for (int64_t g = 0; g < group; ++g) {
     float* p = s.probs.data() + g * padded;
     for (int64_t j = n; j < padded; ++j) p[j] = p[0];  // padding: any real score, zeroed after the exp
@@ -69,17 +107,7 @@ __attribute__((noinline)) void attend_row(const float* q, int64_t group, const f
       store(p + j, e);
       total = total + e;
     }
-    const float sum = hsum(total);
-    float* a = s.acc.data() + g * d;
-    for (int64_t j = 0; j < n; ++j) {
-      const float* v = v_base + keys[j];
-      const vf pj = splat(p[j]);
-      int64_t i = 0;
-      for (; i + kLanes <= d; i += kLanes) store(a + i, fma(pj, load(v + i), load(a + i)));
-      for (; i < d; ++i) a[i] = fma1(p[j], v[i], a[i]);
-    }
-    float* o = out + g * d;
-    for (int64_t i = 0; i < d; ++i) o[i] = a[i] / sum;
+    weighted_values(p, v_base, keys, n, d, hsum(total), out + g * d);
   }
 }
 
