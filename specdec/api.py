@@ -89,20 +89,12 @@ class LLM:
         if quantize == "none":
             quantize = self.quantize = None
         if loaded.quantized != quantize:
-            if quantize != "int8" or loaded.quantized is not None:
+            if quantize not in ("int8", "int4") or loaded.quantized is not None:
                 raise ConfigError(f"the loaded model is quantized as {loaded.quantized}; it cannot serve {quantize}")
-            if loaded.model.device.type != "cpu":
-                raise ConfigError("int8 quantization uses CPU kernels (fbgemm); on CUDA use bfloat16 instead")
-            from specdec.models.quant import quantize_int8_
+            from specdec.models.quant import quantize_model_int8_
 
-            quantize_int8_(loaded.model)
-            # int8 activations are quantized per token on a coarse grid, so a 1e-7 difference in an attention
-            # output (a different batch, a tree instead of one token) can flip a rounding, and the flips
-            # snowball into different tokens. The int8 linears give a row the same bits in any batch; attention
-            # in float64 (cache and all) makes its fp32 result the same bits too, so speculative and batched
-            # greedy output equal plain greedy output in int8 as they do in fp32 (tests/engine).
-            loaded.model.kv_cache_dtype = torch.float64
-            loaded.quantized = "int8"
+            quantize_model_int8_(loaded.model, bits=4 if quantize == "int4" else 8)
+            loaded.quantized = quantize
         self.engine_config = engine_config or EngineConfig()
         self._planners: dict[tuple[str, TreeSpec], SpeculationPlanner] = {}
         self.use(drafter, tree)
@@ -123,7 +115,8 @@ class LLM:
         check_drafter_and_tree(drafter, tree, self.engine_config, self.quantize)
         model = self.loaded.model
         check_kv_cache_fits(model, self.engine_config)
-        ctx = DrafterContext(self.loaded, self.engine_config, model.device, model.dtype, self.quantize)
+        drafts = "int8" if self.quantize == "int4" else self.quantize  # int4 targets get int8 drafts
+        ctx = DrafterContext(self.loaded, self.engine_config, model.device, model.dtype, drafts)
         new_drafter = build_drafter(drafter, ctx)
         spec = parse_tree_spec(tree, self.engine_config.max_tree_nodes) if tree else new_drafter.default_tree()
         check_tree_size(spec, self.engine_config, "the tree has")

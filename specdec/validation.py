@@ -13,7 +13,7 @@ from typing import Any
 from specdec.config import EngineConfig, SamplingParams
 from specdec.errors import ConfigError
 
-QUANTIZATIONS = (None, "none", "int8")
+QUANTIZATIONS = (None, "none", "int8", "int4")
 MAX_THREADS = 1024
 
 
@@ -41,9 +41,9 @@ def check_llm_args(*, target: Any, device: Any, dtype: Any, drafter: Any, tree: 
 
 def check_quantize(quantize: Any, device_type: str = "cpu") -> None:
     if quantize not in QUANTIZATIONS:
-        raise ConfigError(f"unknown quantization {quantize!r}; choose int8 or none", field="quantize")
-    if quantize == "int8" and device_type != "cpu":
-        raise ConfigError("int8 quantization uses CPU kernels (fbgemm); on CUDA use bfloat16 instead",
+        raise ConfigError(f"unknown quantization {quantize!r}; choose int8, int4 or none", field="quantize")
+    if quantize in ("int8", "int4") and device_type != "cpu":
+        raise ConfigError(f"{quantize} quantization uses CPU kernels; on CUDA use bfloat16 instead",
                           field="quantize")
 
 

@@ -58,7 +58,7 @@ def test_malformed_chat_messages_are_config_errors(default_llm, messages, words)
     ({"target": None}, "target must be"), ({"target": 123}, "target must be"), ({"target": ""}, "target must be"),
     ({"num_threads": -1}, "num_threads must be"), ({"num_threads": 2.5}, "num_threads must be"),
     ({"device": 3}, "device must be a string"), ({"dtype": "float8"}, "unknown dtype"),
-    ({"quantize": "int4"}, "unknown quantization"), ({"engine_config": {}}, "engine_config must be"),
+    ({"quantize": "int3"}, "unknown quantization"), ({"engine_config": {}}, "engine_config must be"),
     ({"drafter": None}, "drafter must be"), ({"tree": 5}, "tree must be"),
     ({"drafter": "ngram:k=1000"}, "up to 1001 nodes"), ({"drafter": "none", "tree": "chain:k=2"}, "drafts nothing"),
     ({"drafter": "nope"}, "unknown drafter"), ({"show_progress": "no"}, "show_progress"),

@@ -65,7 +65,7 @@ class ModelRunner:
                prefix_caching: bool = False) -> "ModelRunner":
         c = model.config
         cache = PagedKVCache(num_layers or c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim,
-                             dtype=model.kv_cache_dtype or model.dtype, device=model.device,
+                             dtype=model.kv_cache_dtype, device=model.device,
                              prefix_caching=prefix_caching)
         return ModelRunner(model, cache, num_layers)
 

@@ -4,6 +4,19 @@
 Every kernel takes plain tensors and has a reference in `reference.py` with the same signature.
 """
 
-from specdec.kernels.dispatch import copy_kv_slots, decode_attention, paged_attention, write_kv
+from specdec.kernels.dispatch import (
+    copy_kv_slots,
+    decode_attention,
+    linear_q4,
+    linear_q8,
+    paged_attention,
+    quantize,
+    rms_norm,
+    rope_kv,
+    silu_mul,
+    write_kv,
+)
+from specdec.kernels.reference import FLOAT, Q8, ROWSCALE
 
-__all__ = ["copy_kv_slots", "decode_attention", "paged_attention", "write_kv"]
+__all__ = ["FLOAT", "Q8", "ROWSCALE", "copy_kv_slots", "decode_attention", "linear_q4", "linear_q8", "paged_attention",
+           "quantize", "rms_norm", "rope_kv", "silu_mul", "write_kv"]

@@ -1,6 +1,8 @@
-"""Pick a kernel implementation by device: Triton on CUDA, the torch reference elsewhere.
+"""Pick a kernel implementation by device: Triton on CUDA, the compiled CPU kernels for float32 on CPU, the
+torch reference elsewhere (and wherever those cannot be built).
 
-`SPECDEC_FORCE_REFERENCE=1` forces the reference on CUDA too, to tell a kernel bug from a model bug.
+`SPECDEC_FORCE_REFERENCE=1` forces the reference on CUDA too, to tell a kernel bug from a model bug;
+`SPECDEC_CPU_KERNELS=0` does the same on CPU.
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ import functools
 import os
 from types import ModuleType
 
+import torch
 from torch import Tensor
 
-from specdec.kernels import reference
+from specdec.kernels import cpu, reference
 
 
 @functools.lru_cache(maxsize=None)
@@ -31,6 +34,8 @@ def backend_for(tensor: Tensor) -> ModuleType:
         module = _triton_module()
         if module is not None:
             return module
+    elif tensor.dtype == torch.float32 and tensor.device.type == "cpu" and cpu.available():
+        return cpu
     return reference
 
 
@@ -54,9 +59,9 @@ def paged_attention(
     workspace: dict | None = None,
 ) -> Tensor:
     """`workspace` lets the torch reference reuse its gather plan across layers; Triton needs none."""
-    backend = backend_for(q)
-    if backend is reference:
-        return reference.paged_attention(
+    backend = backend_for(k_cache)
+    if backend is not _triton_module():
+        return backend.paged_attention(
             q, k_cache, v_cache, block_tables, prefix_lens, query_start_loc, tree_mask, scale, workspace
         )
     return backend.paged_attention(q, k_cache, v_cache, block_tables, prefix_lens, query_start_loc, tree_mask, scale)
@@ -66,7 +71,39 @@ def decode_attention(
     q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor, scale: float,
     workspace: dict | None = None,
 ) -> Tensor:
-    backend = backend_for(q)
-    if backend is reference:
-        return reference.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, workspace)
+    backend = backend_for(k_cache)
+    if backend is not _triton_module():
+        return backend.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, workspace)
     return backend.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, mode: int = 0, residual: Tensor | None = None,
+             residual_scale: Tensor | None = None) -> list[Tensor]:
+    return _elementwise(x).rms_norm(x, weight, eps, mode, residual, residual_scale)
+
+
+def silu_mul(gate_up: Tensor, scale: Tensor | None = None, mode: int = 0) -> list[Tensor]:
+    return _elementwise(gate_up).silu_mul(gate_up, scale, mode)
+
+
+def quantize(x: Tensor, mode: int) -> list[Tensor]:
+    return _elementwise(x).quantize(x, mode)
+
+
+def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None) -> Tensor:
+    return _elementwise(s).linear_q8(q, s, w, w_scale, bias)
+
+
+def linear_q4(q: Tensor, s: Tensor, gsum: Tensor, w: Tensor, d: Tensor, m_t: Tensor, bias: Tensor | None = None) -> Tensor:
+    return _elementwise(s).linear_q4(q, s, gsum, w, d, m_t, bias)
+
+
+def rope_kv(qkv: Tensor, scale: Tensor | None, bias: Tensor | None, positions: Tensor, cos: Tensor, sin: Tensor,
+            k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor, q_heads: int, kv_heads: int) -> Tensor:
+    backend = _elementwise(qkv) if k_cache.dtype == qkv.dtype else reference
+    return backend.rope_kv(qkv, scale, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, q_heads, kv_heads)
+
+
+def _elementwise(tensor: Tensor) -> ModuleType:
+    """The fused elementwise kernels exist for CPU float32; everything else runs the reference's torch ops."""
+    return cpu if backend_for(tensor) is cpu else reference

@@ -20,6 +20,8 @@ from torch import Tensor
 import torch.nn.functional as F
 
 _BITS = torch.arange(32, dtype=torch.int32)
+# Rows whose max |x| is below this are scaled as if it were this (as specdec.models.quant does): no 0/0.
+_MIN_ROW_SCALE = 1e-30
 
 
 def write_kv(
@@ -206,3 +208,153 @@ def decode_attention(
     """One query per sequence over its whole paged context: the plain-decode special case."""
     starts = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     return paged_attention(q, k_cache, v_cache, block_tables, seq_lens - 1, starts, None, scale, workspace)
+
+
+# ---- the elementwise steps of a decode layer (the compiled CPU kernels fuse each into one pass) ---------------
+# A producer returns its output row h in the form its consumer takes (`mode`):
+FLOAT = 0  # [h [T, H]]: for a float linear
+ROWSCALE = 1  # [h / max|h|, max|h| [T, 1]]: for Int8DynamicLinear (fbgemm), which quantizes rows in [-1, 1] on a
+# fixed grid; its output row must be multiplied back by max|h| (the next step's `scale`)
+Q8 = 2  # [q int8 [T, H], s [T, 1], gsum [T, H / 32]]: for QLinear: q = round(h * 127 / max|h|), s = max|h| / 127,
+# gsum = sums of q over each group of 32 (the offset term of int4 weights)
+GROUP = 32
+
+
+def to_form(h: Tensor, mode: int) -> list[Tensor]:
+    """Float rows `[T, H]` in the form `mode` names (see FLOAT, ROWSCALE, Q8)."""
+    if mode == FLOAT:
+        return [h]
+    flat = h.reshape(h.shape[0], -1).float()
+    m = flat.abs().amax(1, keepdim=True).clamp_min(_MIN_ROW_SCALE)
+    if mode == ROWSCALE:
+        return [flat / m, m]
+    if mode != Q8 or flat.shape[1] % GROUP:
+        raise ValueError(f"unknown form {mode}, or a q8 width {flat.shape[1]} not divisible by {GROUP}")
+    q = torch.round(flat * (127.0 / m)).clamp_(-127, 127).to(torch.int8)
+    gsum = q.view(q.shape[0], -1, GROUP).sum(-1, dtype=torch.int32).float()
+    return [q, m / 127.0, gsum]
+
+
+def quantize(x: Tensor, mode: int) -> list[Tensor]:
+    """Rows of `x` (flattened to `[T, H]`) in form ROWSCALE or Q8: the input of an int8 linear."""
+    if mode not in (ROWSCALE, Q8):
+        raise ValueError("quantize: mode must be ROWSCALE or Q8")
+    return to_form(x.reshape(x.shape[0], -1), mode)
+
+
+def rms_norm(
+    x: Tensor,  # [T, H]; updated in place when `residual` is given
+    weight: Tensor,  # [H]
+    eps: float,
+    mode: int = FLOAT,
+    residual: Tensor | None = None,  # [T, H] added to x first (the previous sublayer's output)
+    residual_scale: Tensor | None = None,  # [T, 1] multiplies `residual` (the row scale of an int8 linear's output)
+) -> list[Tensor]:
+    """`weight * (x * rsqrt(mean(x^2) + eps))` in fp32 after the residual update, in form `mode`."""
+    if residual is not None:
+        x.add_(residual * residual_scale if residual_scale is not None else residual)
+    x32 = x.float()
+    h = (weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+    return to_form(h, mode)
+
+
+def silu_mul(gate_up: Tensor, scale: Tensor | None = None, mode: int = FLOAT) -> list[Tensor]:
+    """`[gate | up]` (times its row scale) -> `silu(gate) * up`, in form `mode`."""
+    gu = gate_up if scale is None else gate_up * scale
+    gate, up = gu.chunk(2, dim=-1)
+    return to_form(F.silu(gate) * up, mode)
+
+
+TILE = 4  # output channels per weight tile
+
+
+def pack_q8(w: Tensor) -> Tensor:
+    """int8 weights `[N, K]` -> the kernel's tiles `[ceil(N / 4) * 4, K]`: four channels at a time, their 32
+    weights of each step of 32 inputs side by side (one sequential stream per tile); padding channels are 0."""
+    n, k = w.shape
+    n_pad = -(-n // TILE) * TILE
+    padded = torch.zeros(n_pad, k, dtype=w.dtype)
+    padded[:n] = w
+    return padded.view(n_pad // TILE, TILE, k // GROUP, GROUP).permute(0, 2, 1, 3).reshape(n_pad, k).contiguous()
+
+
+def unpack_q8(tiles: Tensor, n: int) -> Tensor:
+    n_pad, k = tiles.shape
+    return tiles.view(n_pad // TILE, k // GROUP, TILE, GROUP).permute(0, 2, 1, 3).reshape(n_pad, k)[:n]
+
+
+def pack_q4(w: Tensor, d: Tensor) -> tuple[Tensor, Tensor]:
+    """4-bit weights `[N, K / 2]` and their scales `[N, K / 32]` -> tiles `[ceil(N / 4) * 4, K / 2]` (per group,
+    the four channels' 16 bytes side by side) and `[ceil(N / 4) * 4, K / 32]` (per group, four scales)."""
+    n, half = w.shape
+    n_pad, groups = -(-n // TILE) * TILE, d.shape[1]
+    wp = torch.zeros(n_pad, half, dtype=w.dtype)
+    wp[:n] = w
+    dp = torch.zeros(n_pad, groups, dtype=d.dtype)
+    dp[:n] = d
+    wt = wp.view(n_pad // TILE, TILE, groups, 16).permute(0, 2, 1, 3).reshape(n_pad, half).contiguous()
+    return wt, dp.view(n_pad // TILE, TILE, groups).permute(0, 2, 1).reshape(n_pad, groups).contiguous()
+
+
+def unpack_q4(w_tiles: Tensor, d_tiles: Tensor, n: int) -> tuple[Tensor, Tensor]:
+    n_pad, half = w_tiles.shape
+    groups = d_tiles.shape[1]
+    w = w_tiles.view(n_pad // TILE, groups, TILE, 16).permute(0, 2, 1, 3).reshape(n_pad, half)[:n]
+    d = d_tiles.view(n_pad // TILE, groups, TILE).permute(0, 2, 1).reshape(n_pad, groups)[:n]
+    return w, d
+
+
+def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None) -> Tensor:
+    """int8 rows `q [T, K]` (x ~ q * s) times int8 weights (`pack_q8` tiles of W ~ w * w_scale[:, None]): the
+    exact integer dot, then `acc * (s * w_scale) + bias` in float32, the compiled kernel's rounding step for step."""
+    w = unpack_q8(w, w_scale.numel())
+    acc = (q.long() @ w.long().T).float()
+    y = acc * (s * w_scale[None, :])
+    return y if bias is None else y + bias
+
+
+def linear_q4(q: Tensor, s: Tensor, gsum: Tensor, w: Tensor, d: Tensor, m_t: Tensor, bias: Tensor | None = None) -> Tensor:
+    """int8 rows times 4-bit weights, `w [N, K / 2]` two values a byte (byte j of a group of 32: value j low,
+    value j + 16 high) with W = d q + m per group, `d [N, K / 32]` and `m_t [K / 32, N]` (float16). Float steps
+    in float64 (the kernel's order differs: compare with a tolerance). `w` and `d` are `pack_q4` tiles."""
+    w, d = unpack_q4(w, d, m_t.shape[1])
+    m = m_t.T
+    n, groups = w.shape[0], d.shape[1]
+    lo, hi = (w & 0x0F).long(), (w >> 4).long()
+    w4 = torch.cat([lo.view(n, groups, 16), hi.view(n, groups, 16)], dim=-1)  # [N, G, 32]
+    isum = torch.einsum("tgk,ngk->tng", q.long().view(q.shape[0], groups, GROUP), w4).double()
+    acc = (isum * d.double()[None]).sum(-1) + gsum.double() @ m.double().T
+    y = (s.double() * acc).float()
+    return y if bias is None else y + bias
+
+
+def rope_kv(
+    qkv: Tensor,  # [T, (q_heads + 2 kv_heads) * D]: one fused q/k/v projection output per token
+    scale: Tensor | None,  # [T, 1] row scale of that output, or None
+    bias: Tensor | None,  # [(q_heads + 2 kv_heads) * D] added after the scale, or None
+    positions: Tensor,  # [T] int64
+    cos: Tensor,  # [max_position, D] (rotate-half layout: the two halves hold the same angles)
+    sin: Tensor,
+    k_cache: Tensor,  # [num_blocks, block_size, kv_heads, D], written in place
+    v_cache: Tensor,
+    slot_mapping: Tensor,  # [T] int64
+    q_heads: int,
+    kv_heads: int,
+) -> Tensor:  # [T, q_heads, D] rotated queries
+    """Rotary embedding of q and k by each token's position; k and v go into their cache slots."""
+    y = qkv if scale is None else qkv * scale
+    if bias is not None:
+        y = y + bias
+    d = k_cache.shape[3]
+    q, k, v = y.split([q_heads * d, kv_heads * d, kv_heads * d], dim=-1)
+    c, s = cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+    q, k, v = q.reshape(-1, q_heads, d), k.reshape(-1, kv_heads, d), v.reshape(-1, kv_heads, d)
+    q = q * c + _rotate_half(q) * s
+    k = k * c + _rotate_half(k) * s
+    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)

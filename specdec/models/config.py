@@ -40,6 +40,10 @@ class ModelConfig:
     tie_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # K/V cache (and attention) precision when it must differ from the weights', as a torch dtype name; set by
+    # the serving policy (specdec.models.quant.quantize_model_int8_), never read from config.json. The runner
+    # allocates the cache in it.
+    kv_cache_dtype: str | None = None
 
     @property
     def q_size(self) -> int:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specdec import kernels
+from specdec.models import fast_path
 from specdec.models.config import ModelConfig
 from specdec.models.context import AttentionContext
 from specdec.models.rope import RotaryEmbedding
@@ -107,8 +108,6 @@ class LlamaModel(nn.Module):
         if config.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rope = RotaryEmbedding(config, device)
-        # K/V cache (and so attention) precision when it must differ from the weights' (see api.py, int8)
-        self.kv_cache_dtype: torch.dtype | None = None
 
     @property
     def device(self) -> torch.device:
@@ -117,6 +116,12 @@ class LlamaModel(nn.Module):
     @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
+
+    @property
+    def kv_cache_dtype(self) -> torch.dtype:
+        """What the K/V cache is allocated in: the config's `kv_cache_dtype`, else the weights' dtype."""
+        name = self.config.kv_cache_dtype
+        return getattr(torch, name) if name else self.dtype
 
     def forward(
         self,
@@ -129,6 +134,9 @@ class LlamaModel(nn.Module):
         capture_layers: tuple[int, ...] = (),
         num_layers: int | None = None,  # run only the first layers (early-exit self-drafting)
     ) -> ForwardOutput:
+        if fast_path.applies(self, kv_caches):
+            return fast_path.forward(self, input_ids, positions, ctx, kv_caches, logits_rows, return_hidden,
+                                     capture_layers, num_layers)
         x = self.embed_tokens(input_ids)
         captured: dict[int, Tensor] = {}
         for index, layer in enumerate(self.layers[: num_layers or len(self.layers)]):

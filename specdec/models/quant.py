@@ -75,14 +75,21 @@ CPU only, inference only (no autograd through the quantized op). The packed weig
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Int8DynamicLinear", "quantize_int8_", "quantize_weight_per_channel"]
+from specdec.errors import ConfigError
+
+if TYPE_CHECKING:
+    from specdec.models.llama import LlamaModel
+
+__all__ = ["Int8DynamicLinear", "quantize_int8_", "quantize_model_int8_", "quantize_weight_per_channel"]
 
 # Rows whose max |x| is below this are scaled as if it were this (an all-zero row stays zero, no 0/0).
 _MIN_ROW_SCALE = 1e-30
@@ -208,6 +215,12 @@ class Int8DynamicLinear(nn.Module):
             y = y.view(*x.shape[:-1], self.out_features)
         return y if in_dtype == torch.float32 else y.to(in_dtype)
 
+    def forward_unit_rows(self, u: Tensor) -> Tensor:
+        """`(u @ W.T)` for float32 rows `u [T, in]` already divided by their max |x| (so in [-1, 1]), without
+        the bias: the caller multiplies the rows back by their scale (see specdec/models/fast_path.py).
+        Only for `per_token` layers."""
+        return self._row_op(u, self._grid[0], self._grid[1], self._packed)
+
     def extra_repr(self) -> str:
         act = "per_token" if self.per_token else "per_tensor"
         bits = 7 if self.reduce_range else 8
@@ -223,6 +236,7 @@ def quantize_int8_(
     *,
     per_token: bool = True,
     reduce_range: bool = True,
+    make: Callable[[nn.Linear], nn.Module] | None = None,
 ) -> int:
     """Replace every `nn.Linear` under `module` (exact type; subclasses keep their own forward) in place.
 
@@ -230,7 +244,7 @@ def quantize_int8_(
     replaced (a module reached under two names counts once and gets one replacement). Weights shared
     with other modules (a tied LM head and its nn.Embedding) are read, not changed: the embedding keeps
     its float weight and the head gets its own int8 copy. `module` itself is not replaced when it is a
-    Linear: wrap it first.
+    Linear: wrap it first. `make(linear)` builds the replacement instead of Int8DynamicLinear (QLinear).
     """
     # Every place a Linear is reachable from: (parent, attribute name, qualified name).
     sites: dict[int, tuple[nn.Linear, list[tuple[nn.Module, str, str]]]] = {}
@@ -243,8 +257,48 @@ def quantize_int8_(
     for linear, places in sites.values():
         if skip is not None and any(skip(qualified) for _, _, qualified in places):
             continue
-        replacement = Int8DynamicLinear.from_linear(linear, per_token=per_token, reduce_range=reduce_range)
+        replacement = (make(linear) if make is not None else
+                       Int8DynamicLinear.from_linear(linear, per_token=per_token, reduce_range=reduce_range))
         for parent, child_name, _ in places:
             setattr(parent, child_name, replacement)
         count += 1
     return count
+
+
+def quantize_model_int8_(model: "LlamaModel", bits: int = 8, fbgemm: bool = False) -> None:
+    """The int8 serving policy for a target model, in place: which linear kernels, and K/V in the precision
+    that keeps a row's result the same in any batch.
+
+    With the compiled CPU kernels (specdec/kernels/cpu), every linear becomes a QLinear (our exact-integer
+    kernels; `bits=4` gives the decoder layers 4-bit weights, the LM head stays 8-bit) and attention has a fixed
+    reduction order per row in float32, so the cache stays float32 (`fbgemm=True` keeps fbgemm's linears with
+    them, for comparison: bench/profile_step.py). Without them, the linears are fbgemm's
+    (Int8DynamicLinear) and attention runs in the torch reference in float64 (cache and all), whose
+    float32-rounded result is the same bits in practice, at about twice the memory traffic.
+
+    Why it matters: int8 activations are quantized per row on a coarse grid, so a 1e-7 difference in an
+    attention output (a different batch, a tree instead of one token) can flip a rounding, and the flips
+    snowball into different tokens. Either way speculative and batched greedy output equal plain greedy output
+    in int8 (tests/engine/test_greedy_equivalence.py).
+    """
+    from specdec.kernels import cpu as cpu_kernels
+    from specdec.models.qlinear import QLinear
+
+    if model.device.type != "cpu":
+        raise ConfigError("int8 quantization uses CPU kernels; on CUDA use bfloat16 instead")
+    if bits not in (4, 8):
+        raise ConfigError(f"int{bits} is not a supported weight format; choose int8 or int4")
+    own = model.dtype == torch.float32 and cpu_kernels.available()
+    if not own and bits != 8:
+        raise ConfigError("int4 weights need specdec's compiled CPU kernels (a C++ compiler; see specdec/kernels/cpu)")
+    if own and not fbgemm:
+        def make(linear: nn.Linear) -> nn.Module:
+            if not QLinear.supports(linear.in_features):
+                return Int8DynamicLinear.from_linear(linear)
+            return QLinear.from_linear(linear, bits=8 if linear is head else bits)
+
+        head = model.lm_head
+        quantize_int8_(model, make=make)
+    else:
+        quantize_int8_(model)
+    model.config = dataclasses.replace(model.config, kv_cache_dtype=None if own else "float64")

@@ -1,0 +1,123 @@
+"""Compiled CPU kernels: batch-invariant paged attention and the fused elementwise steps of a decode layer.
+
+Why C++: a decode step of a small model on CPU is mostly fixed per-op cost (dispatch, allocation, Python),
+not arithmetic: about 80 torch ops per layer, each a few microseconds, around four matmuls. These kernels do
+the same work in ten calls per layer (tests/kernels/test_cpu_kernels.py holds each against its torch
+reference in specdec/kernels/reference.py). And the attention kernel has a fixed reduction order per query
+row, which no BLAS-backed torch op promises, so a row gives the same bits alone, batched or as a tree node in
+float32 (the int8 contract used to need float64 attention for that).
+
+They are compiled on first use with torch's C++ extension builder (a C++ compiler and ninja are needed; the
+build takes about a minute and is cached under `$SPECDEC_CACHE/kernels`, default `~/.cache/specdec`). Without
+a compiler, or with `SPECDEC_CPU_KERNELS=0`, `available()` is False and the engine uses the torch reference.
+Arguments and meaning are those of the reference functions of the same names.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: one torch op each already
+
+__all__ = ["available", "copy_kv_slots", "decode_attention", "decode_layers", "linear_q4", "linear_q8", "paged_attention", "quantize",
+           "rms_norm", "rope_kv", "silu_mul", "write_kv"]
+SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "qlinear.cpp")
+_HERE = Path(__file__).resolve().parent
+
+
+def available() -> bool:
+    """Whether the compiled kernels serve (building them on the first call of a process if needed)."""
+    return os.environ.get("SPECDEC_CPU_KERNELS", "") != "0" and _loaded()
+
+
+@functools.lru_cache(maxsize=None)
+def _loaded() -> bool:
+    try:
+        _build()
+    except Exception as exc:  # no compiler, no ninja, a failed build: the torch reference serves instead
+        warnings.warn(f"specdec: compiled CPU kernels unavailable, using the slower torch reference ({exc})",
+                      RuntimeWarning, stacklevel=2)
+        return False
+    return True
+
+
+def _build() -> None:
+    from torch.utils import cpp_extension
+
+    capability = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
+    flags = ["-O3", "-ffp-contract=off"]  # every FMA is explicit (vec.h): one rounding rule for every row
+    if capability.startswith("AVX"):  # AVX512 machines run the AVX2 build: one tested code path on x86
+        flags += ["-mavx2", "-mfma", "-mf16c"]
+    name = f"specdec_cpu_{capability.lower()}"
+    # $SPECDEC_CACHE as specdec.models.registry.cache_root reads it (kernels sit below models: no import).
+    root = Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec").expanduser()
+    build = root / "kernels" / f"torch-{torch.__version__}" / name
+    build.mkdir(parents=True, exist_ok=True)
+    cpp_extension.load(name, [str(_HERE / s) for s in SOURCES], extra_cflags=flags, extra_include_paths=[str(_HERE)],
+                       build_directory=str(build), is_python_module=False, verbose=False)
+
+
+def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, prefix_lens: Tensor,
+                    query_start_loc: Tensor, tree_mask: Tensor | None, scale: float,
+                    workspace: dict | None = None) -> Tensor:
+    """float32 only; `workspace` is accepted for the reference's signature and unused."""
+    return torch.ops.specdec_cpu.paged_attention(q.contiguous(), k_cache, v_cache, block_tables, prefix_lens, query_start_loc,
+                                                 tree_mask, scale)
+
+
+def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_lens: Tensor,
+                     scale: float, workspace: dict | None = None) -> Tensor:
+    starts = torch.arange(q.shape[0] + 1, dtype=torch.int32)
+    return paged_attention(q, k_cache, v_cache, block_tables, seq_lens - 1, starts, None, scale)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float, mode: int = 0, residual: Tensor | None = None,
+             residual_scale: Tensor | None = None) -> list[Tensor]:
+    return torch.ops.specdec_cpu.rms_norm(x, weight, eps, mode, residual, residual_scale)
+
+
+def silu_mul(gate_up: Tensor, scale: Tensor | None = None, mode: int = 0) -> list[Tensor]:
+    return torch.ops.specdec_cpu.silu_mul(gate_up, scale, mode)
+
+
+def quantize(x: Tensor, mode: int) -> list[Tensor]:
+    return torch.ops.specdec_cpu.quantize(x, mode)
+
+
+def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None) -> Tensor:
+    return torch.ops.specdec_cpu.linear_q8(q, s, w, w_scale, bias)
+
+
+def linear_q4(q: Tensor, s: Tensor, gsum: Tensor, w: Tensor, d: Tensor, m_t: Tensor, bias: Tensor | None = None) -> Tensor:
+    return torch.ops.specdec_cpu.linear_q4(q, s, gsum, w, d, m_t, bias)
+
+
+def rope_kv(qkv: Tensor, scale: Tensor | None, bias: Tensor | None, positions: Tensor, cos: Tensor, sin: Tensor,
+            k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor, q_heads: int, kv_heads: int) -> Tensor:
+    return torch.ops.specdec_cpu.rope_kv(qkv, scale, bias, positions, cos, sin, k_cache, v_cache, slot_mapping,
+                                         q_heads, kv_heads)
+
+
+def decode_layers(x: Tensor, positions: Tensor, slot_mapping: Tensor, block_tables: Tensor, prefix_lens: Tensor,
+                  query_start_loc: Tensor, tree_mask: Tensor | None, cos: Tensor, sin: Tensor,
+                  k_caches: list[Tensor], v_caches: list[Tensor], weights: object, final_norm: Tensor, q_heads: int,
+                  kv_heads: int, eps: float, scale: float, timings: Tensor | None = None) -> Tensor:
+    """Every decoder layer (as many as `k_caches`) and the final norm in one call (forward.cpp); `x` (the
+    embeddings) is updated in place into the residual stream, and the final-norm hidden states are returned.
+    `weights` comes from `layer_weights`. `timings` [3] float64 accumulates seconds in linears, attention and
+    the rest (bench/profile_step.py)."""
+    return torch.ops.specdec_cpu.decode_layers(x, positions, slot_mapping, block_tables, prefix_lens, query_start_loc,
+                                               tree_mask, cos, sin, k_caches, v_caches, weights, final_norm, q_heads,
+                                               kv_heads, eps, scale, timings)
+
+
+def layer_weights(params: list[Tensor | None], kinds: list[int]) -> object:
+    """The decoder layers' weights held on the C++ side for decode_layers: per layer the two norm weights, then
+    (a, b, c, bias) for qkv, o, gate_up and down, with `kinds` their formats (0 float weight; 8 and 4 QLinear)."""
+    return torch.classes.specdec_cpu.LayerWeights(params, kinds)

@@ -1,0 +1,206 @@
+"""The compiled CPU kernels (specdec/kernels/cpu) against their torch references, and the property they exist
+for: a row's result is the same bits alone, in a batch, and as a tree node."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec.kernels import cpu, reference
+from specdec.kernels.reference import FLOAT, Q8, ROWSCALE
+
+pytestmark = pytest.mark.skipif(not cpu.available(), reason="compiled CPU kernels unavailable (no C++ compiler?)")
+
+
+# ---- attention --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tree", [None, "chain", "star", "random"])
+@pytest.mark.parametrize("group,head_dim", [(1, 16), (3, 64), (4, 20)])
+def test_attention_matches_the_float64_reference(make_case, tree, group, head_dim):
+    """Unused cache slots are NaN in these cases: the kernel must never read a slot its sequence does not own."""
+    case = make_case(50 + group, [0, 11, 26, 40], [5, 9, 1, 3], kv_heads=2, group=group, head_dim=head_dim, page=4,
+                     tree=tree, strided_q=tree == "random")
+    expected = reference.paged_attention(*case.upcast().args()).float()
+    torch.testing.assert_close(cpu.paged_attention(*case.args()), expected, atol=2e-6, rtol=2e-6)
+
+
+def _scatter(k: torch.Tensor, v: torch.Tensor, slots: list[int], num_blocks: int, page: int):
+    """A fresh NaN cache holding rows k/v [L, Hkv, D] at `slots`."""
+    shape = (num_blocks, page, k.shape[1], k.shape[2])
+    k_cache, v_cache = torch.full(shape, float("nan")), torch.full(shape, float("nan"))
+    reference.write_kv(k, v, k_cache, v_cache, torch.tensor(slots))
+    return k_cache, v_cache
+
+
+def _attend(attention, q, k_cache, v_cache, tables, prefixes, counts, mask=None):
+    starts = torch.tensor([0] + counts).cumsum(0).to(torch.int32)
+    width = max(len(t) for t in tables)
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    packed = None if mask is None else reference.pack_tree_mask(mask)
+    return attention(q, k_cache, v_cache, table, torch.tensor(prefixes, dtype=torch.int32), starts, packed, 0.125)
+
+
+def _row_three_ways(attention, seed: int):
+    """One token's attention output computed (a) as a lone decode, (b) as a decode in a batch beside two other
+    sequences, and (c) as node 5 of a 7-node tree whose path to it is root -> 2 -> 5."""
+    gen = torch.Generator().manual_seed(seed)
+    page, heads, kv_heads, d, prefix = 4, 6, 2, 64, 13
+    parents = [-1, 0, 0, 1, 2, 2, 4]
+    n = len(parents)
+    keys = torch.randn(prefix + n, kv_heads, d, generator=gen)
+    values = torch.randn(prefix + n, kv_heads, d, generator=gen)
+    queries = torch.randn(n, heads, d, generator=gen)
+    path = [0, 2, 5]  # node 5's ancestors, root first: positions prefix, prefix + 1, prefix + 2 in plain decode
+
+    # (a) plain decode of node 5: the committed prefix is the prompt and the path before it, in position order.
+    seq_keys = torch.cat([keys[:prefix], keys[prefix + torch.tensor(path)]])
+    seq_values = torch.cat([values[:prefix], values[prefix + torch.tensor(path)]])
+    length = prefix + len(path)
+    blocks = [7, 2, 9, 4, 0]  # shuffled, not contiguous
+    slots = [blocks[p // page] * page + p % page for p in range(length)]
+    k_cache, v_cache = _scatter(seq_keys, seq_values, slots, 12, page)
+    alone = _attend(attention, queries[5:6], k_cache, v_cache, [blocks], [length - 1], [1])
+
+    # (b) the same decode beside two other sequences of other lengths (their rows first and last).
+    other_k, other_v = torch.randn(30, kv_heads, d, generator=gen), torch.randn(30, kv_heads, d, generator=gen)
+    big_k = torch.cat([seq_keys, other_k])
+    big_v = torch.cat([seq_values, other_v])
+    t1, t3 = [10, 11, 12], [13, 14, 15, 16]  # 9 and 14 (+ 1 new) tokens: different padding for a padded kernel
+    other_slots = [t1[p // page] * page + p % page for p in range(10)] + [t3[p // page] * page + p % page for p in range(15)]
+    k_cache, v_cache = _scatter(big_k[: length + 25], big_v[: length + 25], slots + other_slots, 17, page)
+    q = torch.cat([torch.randn(1, heads, d, generator=gen), queries[5:6], torch.randn(1, heads, d, generator=gen)])
+    batched = _attend(attention, q, k_cache, v_cache, [t1, blocks, t3], [9, length - 1, 14], [1, 1, 1])[1:2]
+
+    # (c) node 5 of the whole tree: all 7 nodes appended after the prompt in node order, tree-masked.
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):
+        if p >= 0:
+            mask[i] = mask[p]
+        mask[i, i] = True
+    tree_blocks = [3, 8, 1, 6, 5]
+    tree_slots = [tree_blocks[p // page] * page + p % page for p in range(prefix + n)]
+    k_cache, v_cache = _scatter(keys, values, tree_slots, 12, page)
+    tree = _attend(attention, queries, k_cache, v_cache, [tree_blocks], [prefix], [n], mask)[5:6]
+    return alone, batched, tree
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_attention_row_is_bit_identical_alone_batched_and_in_a_tree(seed):
+    alone, batched, tree = _row_three_ways(cpu.paged_attention, seed)
+    assert torch.equal(alone, batched)
+    assert torch.equal(alone, tree)
+    reference_alone = _row_three_ways(reference.paged_attention, seed)[0]
+    torch.testing.assert_close(alone, reference_alone, atol=2e-6, rtol=2e-6)  # and it is the right answer
+
+
+def test_the_float32_reference_is_not_batch_invariant_so_the_test_above_can_fail():
+    """The padded SDPA reference gives different bits for the same row in a different batch or tree."""
+    differs = 0
+    for seed in range(4):
+        alone, batched, tree = _row_three_ways(reference.paged_attention, seed)
+        differs += (not torch.equal(alone, batched)) + (not torch.equal(alone, tree))
+    assert differs > 0
+
+
+# ---- elementwise steps ---------------------------------------------------------------------------------------
+def _close(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        if g.dtype == torch.int8:  # a float 1 ulp apart may round to the neighbouring integer
+            assert (g.int() - w.int()).abs().max() <= 1
+        else:
+            torch.testing.assert_close(g, w, atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("mode", [FLOAT, ROWSCALE, Q8])
+@pytest.mark.parametrize("residual", ["none", "plain", "scaled"])
+def test_rms_norm_matches_reference(mode, residual):
+    gen = torch.Generator().manual_seed(mode)
+    x, w = torch.randn(5, 576, generator=gen) * 3, torch.randn(576, generator=gen)
+    res = None if residual == "none" else torch.randn(5, 576, generator=gen)
+    scale = torch.rand(5, 1, generator=gen) if residual == "scaled" else None
+    x_ref = x.clone()
+    got = cpu.rms_norm(x, w, 1e-5, mode, res, scale)
+    want = reference.rms_norm(x_ref, w, 1e-5, mode, res, scale)
+    torch.testing.assert_close(x, x_ref, atol=1e-6, rtol=1e-6)  # the residual update, in place
+    _close(got, want)
+
+
+@pytest.mark.parametrize("mode", [FLOAT, ROWSCALE, Q8])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_silu_mul_matches_reference(mode, scaled):
+    gen = torch.Generator().manual_seed(10 + mode)
+    gate_up = torch.randn(4, 2 * 96, generator=gen) * 6  # both tails of silu
+    scale = torch.rand(4, 1, generator=gen) + 0.5 if scaled else None
+    _close(cpu.silu_mul(gate_up, scale, mode), reference.silu_mul(gate_up, scale, mode))
+
+
+@pytest.mark.parametrize("mode", [ROWSCALE, Q8])
+def test_quantize_is_the_reference_bit_for_bit(mode):
+    x = torch.randn(6, 3, 64, generator=torch.Generator().manual_seed(3))
+    x[2] = 0.0  # an all-zero row stays zero
+    for got, want in zip(cpu.quantize(x, mode), reference.quantize(x, mode)):
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("scaled,biased", [(False, False), (True, False), (True, True)])
+def test_rope_kv_matches_reference(scaled, biased):
+    gen = torch.Generator().manual_seed(4)
+    q_heads, kv_heads, d, rows = 6, 2, 64, 5
+    qkv = torch.randn(rows, (q_heads + 2 * kv_heads) * d, generator=gen)
+    scale = torch.rand(rows, 1, generator=gen) if scaled else None
+    bias = torch.randn(qkv.shape[1], generator=gen) if biased else None
+    angles = torch.rand(300, d // 2, generator=gen) * 6
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    positions, slots = torch.tensor([0, 7, 299, 31, 2]), torch.tensor([5, 0, 17, 9, 30])
+    caches = [torch.zeros(4, 8, kv_heads, d) for _ in range(4)]
+    got = cpu.rope_kv(qkv, scale, bias, positions, cos, sin, caches[0], caches[1], slots, q_heads, kv_heads)
+    want = reference.rope_kv(qkv, scale, bias, positions, cos, sin, caches[2], caches[3], slots, q_heads, kv_heads)
+    torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-6)
+    torch.testing.assert_close(caches[0], caches[2], atol=2e-6, rtol=2e-6)
+    assert torch.equal(caches[1], caches[3])  # v is copied, not computed
+
+
+# ---- int8 / int4 linears ---------------------------------------------------------------------------------
+def _linear_case(rows: int, k: int, n: int, seed: int):
+    from specdec.models.qlinear import quantize_weight_q4
+    from specdec.models.quant import quantize_weight_per_channel
+
+    gen = torch.Generator().manual_seed(seed)
+    weight, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+    act = reference.quantize(torch.randn(rows, k, generator=gen), Q8)
+    w8, w_scale = quantize_weight_per_channel(weight)
+    w4, d, m_t = quantize_weight_q4(weight)
+    return act, (reference.pack_q8(w8), w_scale), (*reference.pack_q4(w4, d), m_t), bias
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 9])
+@pytest.mark.parametrize("k,n", [(64, 13), (576, 72)])
+def test_linear_q8_is_the_reference_bit_for_bit(rows, k, n):
+    (q, s, _), (w, w_scale), _, bias = _linear_case(rows, k, n, rows)
+    assert torch.equal(cpu.linear_q8(q, s, w, w_scale, bias), reference.linear_q8(q, s, w, w_scale, bias))
+    assert torch.equal(cpu.linear_q8(q, s, w, w_scale), reference.linear_q8(q, s, w, w_scale))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 9])
+@pytest.mark.parametrize("k,n", [(64, 13), (576, 72)])
+def test_linear_q4_matches_reference(rows, k, n):
+    (q, s, gsum), _, (w, d, m), bias = _linear_case(rows, k, n, 20 + rows)
+    torch.testing.assert_close(cpu.linear_q4(q, s, gsum, w, d, m, bias), reference.linear_q4(q, s, gsum, w, d, m, bias),
+                               atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_linear_rows_are_bit_identical_alone_and_batched(bits):
+    """Rows go through different tiles (pairs, fours, a lone tail row) depending on the batch size."""
+    (q, s, gsum), (w8, w_scale), (w4, d, m), bias = _linear_case(11, 576, 70, bits)
+
+    def run(rows: slice) -> torch.Tensor:
+        if bits == 8:
+            return cpu.linear_q8(q[rows], s[rows], w8, w_scale, bias)
+        return cpu.linear_q4(q[rows], s[rows], gsum[rows], w4, d, m, bias)
+
+    full = run(slice(None))
+    alone = torch.cat([run(slice(i, i + 1)) for i in range(11)])
+    assert torch.equal(full, alone)
+    assert torch.equal(full[3:8], run(slice(3, 8)))
