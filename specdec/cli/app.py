@@ -3,6 +3,7 @@
     generate   specdec.cli.generate (single prompt; batch mode in specdec.cli.batch)
     models     specdec.cli.models
     bench      specdec.cli.bench
+    data       specdec.cli.data (build: the training corpus)
     train      specdec.cli.train (draft; medusa and eagle in train_medusa / train_eagle)
 
 A new command group is a module with its command function(s) and one registration line in `_register`.
@@ -26,12 +27,13 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 
 def _register() -> None:
-    from specdec.cli import bench, generate, models, serve, train
+    from specdec.cli import bench, data, generate, models, serve, train
 
     app.command()(generate.generate)
     app.command()(serve.serve)
     app.command()(models.models)
     app.command()(bench.bench)
+    app.add_typer(data.data_app, name="data", help="Training corpora: the target's own answers to many prompts.")
     app.add_typer(train.train_app, name="train", help="Train drafters for a target (self-distillation).")
 
 

