@@ -117,3 +117,34 @@ class _Logger:
         self.last = time.time()
         with self.path.open("a") as f:
             f.write(time.strftime("%H:%M:%S ") + line + "\n")
+
+
+@data_app.command("vocab")
+def vocab(
+    target: str = typer.Option("smollm2-135m", help="The target the corpus was built for."),
+    corpus: Optional[Path] = typer.Option(None, help="Corpus folder (default: ~/.cache/specdec/corpora/TARGET)."),
+    out: Path = typer.Option(..., help="Ranking file to write (specdec/assets/vocab/<alias>.safetensors ships)."),
+) -> None:
+    """Rank the target's tokens by how often it emits them in the corpus (for reduced-vocabulary drafters,
+    spec option vocab=N), and print how much of the corpus the top N cover."""
+    try:
+        from specdec.drafters.heads.reduced_vocab import ranking_of, token_counts, write_ranking
+        from specdec.models.loader import load_model
+        from specdec.training.corpus_store import default_corpus_dir, load_records, tokenizer_fingerprint
+
+        loaded = load_model(target, "cpu", "float32", show_progress=True)
+        size = loaded.model.config.vocab_size
+        folder = (corpus or default_corpus_dir(target)).expanduser()
+        records = load_records(folder, size, tokenizer_fingerprint(loaded.tokenizer, size))
+        if not records:
+            raise ConfigError(f"corpus {folder} holds no answers yet; run `specdec data build` first")
+        counts = token_counts((r["token_ids"] for r in records), size)
+        write_ranking(counts, out)
+        total = int(counts.sum())
+        ranked = counts[ranking_of(counts).long()].cumsum(0)
+        console.print(f"{len(records)} answers, {total} tokens, {int((counts > 0).sum())} distinct; wrote {out}")
+        for n in (1024, 2048, 4096, 8192, 16384, 32768):
+            if n <= size:
+                console.print(f"  top {n:>6}: {float(ranked[n - 1]) / total:.4f} of the answer tokens")
+    except SpecdecError as exc:
+        fail(str(exc))

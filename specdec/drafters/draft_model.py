@@ -20,7 +20,8 @@ from torch import Tensor
 
 from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterContext
-from specdec.drafters.heads.draft_folder import is_draft_folder, load_draft_folder, shipped_draft_dir
+from specdec.drafters.heads.draft_folder import alias_of, is_draft_folder, load_draft_folder, shipped_draft_dir
+from specdec.drafters.heads.reduced_vocab import draft_vocab, reduced_from
 from specdec.drafters.model_drafter import Feed, ModelDrafter, spare_blocks
 from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.runner import Chunk, ModelRunner, Rows
@@ -37,8 +38,10 @@ DEFAULT_EARLY_EXIT_LAYERS = 6
 class DraftModelDrafter(ModelDrafter):
     name = "draft"
 
-    def __init__(self, model: LlamaModel, engine: EngineConfig, k: int = 5, num_layers: int | None = None) -> None:
+    def __init__(self, model: LlamaModel, engine: EngineConfig, k: int = 5, num_layers: int | None = None,
+                 ids: Tensor | None = None) -> None:
         self.k = k
+        self.ids = ids  # [N] target id of each draft id, when the model's head is a ReducedHead (vocab=N)
         self.runner = ModelRunner.create(model, engine.num_blocks + spare_blocks(engine), engine.block_size,
                                          num_layers)
         self.cache = self.runner.cache
@@ -64,12 +67,13 @@ class DraftModelDrafter(ModelDrafter):
         return [out.logits for out in self.runner.run(chunks)]
 
     def _logits(self, outputs: Tensor) -> tuple[Tensor, Tensor | None]:
-        return outputs, None
+        return outputs, self.ids
 
 
 @register("draft")
 def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
     k = int_arg(args, "k", 5)
+    vocab = int_arg(args, "vocab", 0, minimum=0)
     layers = args.pop("layers", None)
     model_ref = args.pop("", None)
     reject_unknown("draft", args)
@@ -80,17 +84,33 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
     if model_ref is None and layers is None:
         shipped = shipped_draft_dir(ctx.target.source)
         if shipped is not None:
-            return DraftModelDrafter(_layers_only_draft(shipped, ctx), ctx.engine, k=k)
+            return _drafter(_layers_only_draft(shipped, ctx), ctx, k, vocab)
     if model_ref is None:
         n = DEFAULT_EARLY_EXIT_LAYERS if layers is None else _layers(layers, target.config.num_layers)
+        if vocab:
+            raise ConfigError("draft option vocab= needs a draft with a head of its own (a draft folder or model); "
+                              "an early-exit draft shares the target's head")
         return DraftModelDrafter(target, ctx.engine, k=k, num_layers=n)
     if is_draft_folder(model_ref):
-        return DraftModelDrafter(_layers_only_draft(Path(model_ref).expanduser(), ctx), ctx.engine, k=k)
+        return _drafter(_layers_only_draft(Path(model_ref).expanduser(), ctx), ctx, k, vocab)
     draft = load_model(model_ref, ctx.device, ctx.dtype, show_progress=True)
     check_same_tokenizer(ctx.target.tokenizer, draft.tokenizer, model_ref)
-    if ctx.quantize == "int8":
+    if ctx.quantize == "int8" and not vocab:
         quantize_int8_(draft.model)
-    return DraftModelDrafter(draft.model, ctx.engine, k=k)
+    return _drafter(draft.model, ctx, k, vocab, quantize_all=True)
+
+
+def _drafter(draft: LlamaModel, ctx: DrafterContext, k: int, vocab: int, quantize_all: bool = False) -> DraftModelDrafter:
+    """The drafter, with its head cut to the `vocab` most frequent target tokens when asked (the draft then has
+    a head of its own, int8 with an int8 target; the target's head is never touched)."""
+    if not vocab:
+        return DraftModelDrafter(draft, ctx.engine, k=k)
+    ids = draft_vocab(alias_of(ctx.target.source), vocab, draft.config.vocab_size)
+    reduced = reduced_from(draft, ids).to(ctx.device, draft.dtype)
+    draft.lm_head = reduced
+    if ctx.quantize == "int8":
+        quantize_int8_(draft if quantize_all else reduced)
+    return DraftModelDrafter(draft, ctx.engine, k=k, ids=reduced.ids)
 
 
 def _layers_only_draft(folder: Path, ctx: DrafterContext) -> LlamaModel:

@@ -36,8 +36,9 @@ from specdec.drafters.base import DrafterContext
 from specdec.drafters.heads.draft_folder import alias_of
 from specdec.drafters.heads.eagle_checkpoint import default_feature_layers, load_eagle
 from specdec.drafters.heads.eagle_model import EaglePredictor, paged_attend
+from specdec.drafters.heads.reduced_vocab import ReducedHead, draft_vocab, reduced_from
 from specdec.drafters.model_drafter import Feed, ModelDrafter, spare_blocks
-from specdec.drafters.registry import register, reject_unknown
+from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.runner import Chunk, pack
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
@@ -66,9 +67,11 @@ class EagleDrafter(ModelDrafter):
     feeds_parent_outputs = True
 
     def __init__(self, predictor: EaglePredictor, target: LlamaModel, engine: EngineConfig, name: str = "eagle",
-                 feature_layers: tuple[int, ...] = (), tree: TreeSpec = DEFAULT_TREE) -> None:
+                 feature_layers: tuple[int, ...] = (), tree: TreeSpec = DEFAULT_TREE,
+                 reduced: ReducedHead | None = None) -> None:
         self.name = name
         self.predictor = predictor
+        self.reduced = reduced  # EAGLE-1/2 with vocab=N: the target head's rows of the N most frequent tokens
         self.target = target
         self.feature_layers = tuple(feature_layers)
         self._tree = tree
@@ -162,6 +165,8 @@ class EagleDrafter(ModelDrafter):
 
     def _logits(self, outputs: Tensor) -> tuple[Tensor, Tensor | None]:
         """Draft logits `[R, V']` and the draft-id -> target-id map (None when V' is the target vocabulary)."""
+        if self.reduced is not None:
+            return self.reduced(outputs).float(), self.reduced.ids
         ids = self.predictor.draft_to_target if self.predictor.config.version == 3 else None
         return self.predictor.logits(outputs, self.target.lm_head), ids
 
@@ -178,6 +183,7 @@ def shipped_eagle_dir(target_source: str, kind: str = "eagle") -> Path | None:
 
 def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDrafter:
     ref = args.pop("", None)
+    vocab = int_arg(args, "vocab", -1, minimum=0)  # -1: the checkpoint's own choice (metadata), 0: full
     reject_unknown(kind, args)
     target: LlamaModel = ctx.target.model
     if ref is None:
@@ -199,9 +205,20 @@ def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDr
         layers = tuple(int(i) for i in meta.get("feature_layers") or default_feature_layers(n))
         if len(layers) != 3 or not all(0 <= i < n for i in layers):
             raise ConfigError(f"EAGLE-3 feature layers {layers} do not fit a target of {n} layers")
+    reduced = None
+    if vocab == -1:
+        vocab = int(meta.get("draft_vocab", 0)) if version == 1 else 0
+    if vocab and version == 3:
+        raise ConfigError("eagle3 checkpoints carry their own draft vocabulary (d2t); the vocab= option is for "
+                          "eagle, medusa and draft")
+    if vocab:
+        reduced = reduced_from(target, draft_vocab(alias_of(ctx.target.source), vocab, target.config.vocab_size))
+        reduced.to(ctx.device, ctx.dtype)
     if ctx.quantize == "int8":
         quantize_int8_(predictor)
-    return EagleDrafter(predictor, target, ctx.engine, name=kind, feature_layers=layers)
+        if reduced is not None:
+            quantize_int8_(reduced)
+    return EagleDrafter(predictor, target, ctx.engine, name=kind, feature_layers=layers, reduced=reduced)
 
 
 @register("eagle")

@@ -26,9 +26,12 @@ from torch import Tensor
 
 from specdec.drafters.base import DrafterBase, DrafterContext
 from specdec.drafters.heads.medusa_heads import MedusaHeads, load_heads, shipped_heads_dir
-from specdec.drafters.registry import register, reject_unknown
+from specdec.drafters.heads.draft_folder import alias_of
+from specdec.drafters.heads.reduced_vocab import draft_vocab, reduced_from
+from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
+from specdec.models.quant import quantize_int8_
 from specdec.tree.growth import per_depth_trees
 from specdec.tree.spec import TreeSpec, parse_tree_spec
 from specdec.tree.token_tree import TokenTree
@@ -46,8 +49,9 @@ class MedusaDrafter(DrafterBase):
     name = "medusa"
     needs_features = True
 
-    def __init__(self, heads: MedusaHeads) -> None:
+    def __init__(self, heads: MedusaHeads, ids: Tensor | None = None) -> None:
         self.heads = heads
+        self.ids = ids  # [N] target id of each draft id when the heads score a reduced vocabulary (vocab=N)
 
     def default_tree(self) -> TreeSpec:
         return parse_tree_spec(DEFAULT_TREE)
@@ -80,7 +84,10 @@ class MedusaDrafter(DrafterBase):
         if not ready or depth == 0 or spec.budget == 0:
             return trees
         stacked = torch.stack([hidden[i] for i in ready])
-        logp = torch.log_softmax(self.heads(stacked)[:, :depth].float(), dim=-1)  # [B, D, V], one call for all
+        logp = torch.log_softmax(self.heads(stacked)[:, :depth].float(), dim=-1)  # [B, D, V'], one call for all
+        if self.ids is not None:  # reduced vocabulary: back to target ids, the other tokens impossible
+            full = logp.new_full(logp.shape[:-1] + (self.heads.vocab_size,), float("-inf"))
+            logp = full.index_copy_(-1, self.ids, logp)
         for i, tree in zip(ready, per_depth_trees([seqs[i].last_token for i in ready], logp, spec)):
             trees[i] = tree
         return trees
@@ -89,6 +96,7 @@ class MedusaDrafter(DrafterBase):
 @register("medusa")
 def _build(args: dict[str, str], ctx: DrafterContext) -> MedusaDrafter:
     ref = args.pop("", None)
+    vocab = int_arg(args, "vocab", 0, minimum=0)
     reject_unknown("medusa", args)
     target = ctx.target.model
     if ref is None:
@@ -100,4 +108,14 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> MedusaDrafter:
     c = target.config
     heads = load_heads(Path(ref), c.hidden_size, c.vocab_size, target.lm_head, ctx.device,
                        torch.float32 if ctx.dtype == torch.float32 or ctx.quantize else ctx.dtype)
-    return MedusaDrafter(heads)
+    if not vocab:
+        return MedusaDrafter(heads)
+    ids = draft_vocab(alias_of(ctx.target.source), vocab, c.vocab_size).to(ctx.device)
+    if heads.projections is not None:  # their own projections: keep the rows of the draft vocabulary
+        heads.projections = torch.nn.Parameter(heads.projections[:, ids].contiguous(), requires_grad=False)
+    else:
+        reduced = reduced_from(target, ids).to(ctx.device, heads.weight.dtype)
+        if ctx.quantize == "int8":
+            quantize_int8_(reduced)
+        heads._shared[0] = reduced
+    return MedusaDrafter(heads, ids)

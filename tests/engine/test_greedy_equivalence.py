@@ -24,6 +24,10 @@ CONFIGS = [
     ("recycle", "dynamic:depth=6,topk=4,budget=8"),
     ("suffix", "chain:k=6"),
     ("hybrid:suffix+recycle", "dynamic:depth=6,topk=4,budget=8"),
+    # reduced-vocabulary heads (the 4096 most frequent target tokens of the training corpus)
+    ("draft:vocab=4096", "chain:k=4"),
+    ("eagle:vocab=4096", "dynamic:depth=5,topk=3,budget=7"),
+    ("medusa:vocab=4096", "static:medusa-8"),
 ]
 
 
@@ -115,7 +119,8 @@ def test_int8_greedy_is_the_same_batched_alone_and_speculative(int8_llm):
     assert [o.token_ids for o in int8_llm.generate(prompts, params)] == alone
     taus = []
     for drafter, tree in [("ngram", "chain:k=5"), ("draft", "dynamic:depth=4,topk=4,budget=12"), ("recycle", None),
-                          ("suffix", None), ("hybrid:suffix+recycle", None)]:
+                          ("suffix", None), ("hybrid:suffix+recycle", None), ("eagle:vocab=4096", None),
+                          ("medusa:vocab=4096", None), ("draft:vocab=4096", "chain:k=4")]:
         int8_llm.use(drafter, tree)
         outs = int8_llm.generate(prompts, params)
         assert [o.token_ids for o in outs] == alone, drafter

@@ -1,0 +1,113 @@
+"""Reduced-vocabulary draft heads (EAGLE-3's `d2t`/`t2d`, FR-Spec): the draft scores only the N tokens the
+target emits most often, and maps its ids back to target ids.
+
+Why: a draft's LM head over the full vocabulary is much of its cost (49,152 rows on SmolLM2, 151,936 on
+Qwen2.5), and almost all of the target's output falls in a few thousand tokens. A token outside the N can
+never be drafted, so it is rejected where it would have been accepted; the verifier still checks every draft
+against the target, so output is unchanged (greedy equals plain greedy; sampling stays lossless because the
+draft distribution is the reduced one, scattered into the full vocabulary with zeros elsewhere).
+
+The ranking (every target id, most frequent first, in the target's answers of the training corpus) ships per
+target as `specdec/assets/vocab/<alias>.safetensors` (`ranking` int32 [V], `counts` int64 [V]); `specdec data
+vocab` writes it from a corpus. A drafter takes the first N ids of it (spec option `vocab=N`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from specdec.errors import ConfigError, ModelLoadError
+
+VOCAB_DIR = Path(__file__).resolve().parents[2] / "assets" / "vocab"
+
+
+class ReducedHead(nn.Module):
+    """Logits `[R, N]` over the draft vocabulary: the rows `ids` of a target-sized head. `ids[j]` is the target
+    id of draft id j (ascending, so `d2t[j] = ids[j] - j` is the published offset)."""
+
+    def __init__(self, weight: Tensor, ids: Tensor) -> None:
+        super().__init__()
+        if weight.shape[0] != ids.shape[0]:
+            raise ValueError(f"{weight.shape[0]} head rows for {ids.shape[0]} draft ids")
+        self.proj = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        with torch.no_grad():
+            self.proj.weight.copy_(weight)
+        self.register_buffer("ids", ids.to(torch.int64))
+
+    @property
+    def draft_vocab(self) -> int:
+        return int(self.ids.shape[0])
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.proj(hidden)
+
+
+def head_rows(target: nn.Module, ids: Tensor) -> Tensor:
+    """Float rows `ids` of a target's LM head, whatever form it has taken: tied to the embedding (which stays
+    float when the target is quantized), a float Linear, or an int8 one (dequantized; the draft need not match
+    the target bit for bit, only propose well)."""
+    head = target.lm_head
+    ids = ids.to(target.embed_tokens.weight.device)
+    if target.config.tie_embeddings:
+        return target.embed_tokens.weight.detach()[ids].float()
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, Tensor) and weight.is_floating_point():
+        return weight.detach()[ids].float()
+    if hasattr(head, "dequantized_weight"):
+        return head.dequantized_weight()[ids].float()
+    if hasattr(head, "weight_int8"):
+        return (head.weight_int8.float() * head.weight_scale.float()[:, None])[ids]
+    raise ConfigError(f"cannot read the rows of a {type(head).__name__} head for a reduced draft vocabulary")
+
+
+def reduced_from(target: nn.Module, ids: Tensor) -> ReducedHead:
+    """The reduced head over `ids` (sorted ascending here) made of the target's head rows, on its device."""
+    ids = ids.to(torch.int64).sort().values
+    device = target.embed_tokens.weight.device
+    return ReducedHead(head_rows(target, ids), ids).to(device)
+
+
+# --------------------------------------------------------------------------------------------- rankings
+def token_counts(token_lists, vocab_size: int) -> Tensor:
+    """How often each target id occurs in `token_lists` (the target's answers)."""
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for tokens in token_lists:
+        if tokens:
+            counts += torch.bincount(torch.as_tensor(tokens, dtype=torch.int64), minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def ranking_of(counts: Tensor) -> Tensor:
+    """Every id, most frequent first (ties by id, so the ranking is deterministic)."""
+    order = torch.argsort(-counts * (counts.shape[0] + 1) + torch.arange(counts.shape[0]), stable=True)
+    return order.to(torch.int32)
+
+
+def write_ranking(counts: Tensor, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"ranking": ranking_of(counts).contiguous(), "counts": counts.to(torch.int64).contiguous()}, str(path))
+
+
+def read_ranking(path: Path, vocab_size: int) -> Tensor:
+    from safetensors.torch import load_file
+
+    ranking = load_file(str(path))["ranking"].to(torch.int64)
+    if ranking.shape[0] != vocab_size or sorted(ranking.tolist()) != list(range(vocab_size)):
+        raise ModelLoadError(f"{path} is not a ranking of a {vocab_size}-token vocabulary")
+    return ranking
+
+
+def draft_vocab(alias: str | None, size: int, vocab_size: int, path: Path | None = None) -> Tensor:
+    """The `size` most frequent target ids (ascending) from the shipped ranking of `alias` (or `path`)."""
+    if not 1 <= size <= vocab_size:
+        raise ConfigError(f"vocab={size} must be between 1 and the target's vocabulary ({vocab_size})")
+    path = path or (VOCAB_DIR / f"{alias}.safetensors" if alias else None)
+    if path is None or not path.is_file():
+        raise ConfigError(f"no token ranking ships for this target, so vocab={size} cannot pick a draft "
+                          "vocabulary; build a corpus (`specdec data build`) and rank it (`specdec data vocab`)")
+    return read_ranking(path, vocab_size)[:size].sort().values
