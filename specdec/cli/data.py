@@ -130,7 +130,8 @@ def vocab(
     try:
         from specdec.drafters.heads.reduced_vocab import ranking_of, token_counts, write_ranking
         from specdec.models.loader import load_model
-        from specdec.training.corpus_store import default_corpus_dir, load_records, tokenizer_fingerprint
+        from specdec.training.corpus_store import (default_corpus_dir, is_held_out, load_records,
+                                                   tokenizer_fingerprint)
 
         loaded = load_model(target, "cpu", "float32", show_progress=True)
         size = loaded.model.config.vocab_size
@@ -138,13 +139,16 @@ def vocab(
         records = load_records(folder, size, tokenizer_fingerprint(loaded.tokenizer, size))
         if not records:
             raise ConfigError(f"corpus {folder} holds no answers yet; run `specdec data build` first")
-        counts = token_counts((r["token_ids"] for r in records), size)
+        # every 10th answer is held out (as the trainers hold it out): the ranking counts the others
+        counts = token_counts((r["token_ids"] for i, r in enumerate(records) if not is_held_out(i)), size)
+        held = token_counts((r["token_ids"] for i, r in enumerate(records) if is_held_out(i)), size)
         write_ranking(counts, out)
-        total = int(counts.sum())
-        ranked = counts[ranking_of(counts).long()].cumsum(0)
-        console.print(f"{len(records)} answers, {total} tokens, {int((counts > 0).sum())} distinct; wrote {out}")
-        for n in (1024, 2048, 4096, 8192, 16384, 32768):
+        covered = held[ranking_of(counts).long()].cumsum(0)
+        console.print(f"{len(records)} answers, {int(counts.sum())} tokens counted, {int((counts > 0).sum())} "
+                      f"distinct; wrote {out}")
+        console.print("coverage of held-out answer tokens (every 10th answer) by the top N of the others:")
+        for n in (512, 1024, 2048, 4096, 8192, 16384, 32768):
             if n <= size:
-                console.print(f"  top {n:>6}: {float(ranked[n - 1]) / total:.4f} of the answer tokens")
+                console.print(f"  top {n:>6}: {float(covered[n - 1]) / max(1, int(held.sum())):.4f}")
     except SpecdecError as exc:
         fail(str(exc))

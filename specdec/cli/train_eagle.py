@@ -25,7 +25,7 @@ def command(kind: str):
     def command(
         target: str = typer.Option("smollm2-135m", help="The target (alias, HF folder, .gguf)."),
         prompts: Optional[Path] = typer.Option(None, help="JSONL prompt file; default: the package's corpus."),
-        corpus: Optional[Path] = typer.Option(None, help="Reuse this corpus.pt of the target's answers."),
+        corpus: Optional[Path] = typer.Option(None, help="Reuse a corpus: a `specdec data build` folder or a corpus.pt."),
         out: Path = typer.Option(..., help=f"Run folder: checkpoints, and the predictor in OUT/{kind}."),
         max_prompts: int = typer.Option(512, help="Prompts (or corpus sequences) to use."),
         new_tokens: int = typer.Option(64, help="Greedy answer length per prompt (when generating)."),
@@ -39,6 +39,8 @@ def command(kind: str):
         ce_fraction: float = typer.Option(1.0, help="EAGLE-1/2: share of positions given the token loss "
                                                     "(the LM head dominates CPU training cost)."),
         ce_weight: float = typer.Option(0.1, help="EAGLE-1/2: weight of the token loss (regression: 1.0)."),
+        vocab: int = typer.Option(0, help="EAGLE-1/2: token loss over the N most frequent target tokens, and the "
+                                          "drafter's default vocab=N (0: the full vocabulary)."),
         teacher_bf16: bool = typer.Option(False, help="bf16 autocast for the target's feature pass."),
         train_bf16: bool = typer.Option(False, help="bf16 autocast while training."),
         device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
@@ -57,10 +59,12 @@ def command(kind: str):
                                    corpus=str(corpus) if corpus else None, max_prompts=max_prompts,
                                    new_tokens=new_tokens, steps=steps, batch_size=batch_size, lr=lr,
                                    val_prompts=val_prompts, seed=seed, draft_vocab=draft_vocab, ttt_steps=ttt_steps,
-                                   ce_fraction=ce_fraction, ce_weight=ce_weight, teacher_bf16=teacher_bf16, train_bf16=train_bf16)
+                                   ce_fraction=ce_fraction, ce_weight=ce_weight, vocab=vocab, teacher_bf16=teacher_bf16, train_bf16=train_bf16)
             for name in ("max_prompts", "new_tokens", "steps", "batch_size", "val_prompts", "draft_vocab", "ttt_steps"):
                 if getattr(cfg, name) < 1:
                     raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+            if vocab < 0:
+                raise ConfigError(f"--vocab must be 0 (full) or a token count, got {vocab}")
             if not 0 < ce_fraction <= 1:
                 raise ConfigError(f"--ce-fraction must be in (0, 1], got {ce_fraction}")
             if not lr > 0:

@@ -112,9 +112,12 @@ def obtain_corpus(cfg: Any, loaded: Any, out: Path, resume: bool, progress: Prog
 
     if cfg.corpus:
         source = Path(cfg.corpus).expanduser()
-        if not source.is_file():
+        if source.is_dir():
+            corpus = corpus_from_store(source, loaded)
+        elif not source.is_file():
             raise ConfigError(f"--corpus {source} does not exist")
-        corpus = load_corpus(source)
+        else:
+            corpus = load_corpus(source)
         corpus = Corpus(corpus.prompt_ids[: cfg.max_prompts], corpus.response_ids[: cfg.max_prompts], corpus.seconds)
         vocab = loaded.model.config.vocab_size
         top = max((max(p + r) for p, r in zip(corpus.prompt_ids, corpus.response_ids) if p + r), default=0)
@@ -265,6 +268,17 @@ def save_atomic(obj: Any, path: Path) -> None:
 
 def load_corpus(path: Path) -> Corpus:
     return Corpus(**torch.load(path, weights_only=True))
+
+
+def corpus_from_store(folder: Path, loaded: Any) -> Corpus:
+    """The training records of a `specdec data build` corpus (every 10th record stays held out), after
+    checking it was written with this target's tokenizer."""
+    from specdec.training.corpus_store import is_held_out, load_records, tokenizer_fingerprint
+
+    vocab = loaded.model.config.vocab_size
+    records = load_records(folder, vocab, tokenizer_fingerprint(loaded.tokenizer, vocab))
+    kept = [r for i, r in enumerate(records) if not is_held_out(i)]
+    return Corpus([r["prompt_ids"] for r in kept], [r["token_ids"] for r in kept])
 
 
 def load_teacher(path: Path) -> Teacher:

@@ -25,6 +25,12 @@ FORMAT = 1
 _PROBE = "The quick brown fox jumps over 13 lazy dogs.\n def f(x): return x**2  # café, 東京"
 
 
+def is_held_out(index: int) -> bool:
+    """Every 10th record (by position in the file) is held out of training and of the token ranking, for
+    measurements that must not have seen it (coverage, held-out tau on the corpus's own prompts)."""
+    return index % 10 == 0
+
+
 def default_corpus_dir(target: str) -> Path:
     """Where `specdec data build` writes by default: outside any repository, in the user's cache."""
     from specdec.models.cache import cache_root

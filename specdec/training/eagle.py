@@ -63,6 +63,8 @@ class EagleTrainConfig:
     ce_fraction: float = 1.0  # EAGLE-1/2: share of positions whose token loss is computed (the LM head is the
     #                           cost of training on a CPU; regression always uses every position)
     ce_weight: float = 0.1  # EAGLE-1/2: weight of the token loss (regression weighs 1.0), as published
+    vocab: int = 0  # EAGLE-1/2: the token loss over the N most frequent target tokens only, as the drafter then
+    #                 drafts with `eagle:vocab=N` (the default it ships with); 0 = the full vocabulary
     teacher_bf16: bool = False  # bf16 autocast for the target's feature pass
     train_bf16: bool = False  # bf16 autocast for the predictor (and the frozen head) while training
 
@@ -81,6 +83,8 @@ class EagleTrainConfig:
             parts.append(f"--ce-fraction {self.ce_fraction}")
         if self.version == 1 and self.ce_weight != 0.1:
             parts.append(f"--ce-weight {self.ce_weight}")
+        if self.version == 1 and self.vocab:
+            parts.append(f"--vocab {self.vocab}")
         if self.version == 3:
             parts += [f"--draft-vocab {self.draft_vocab}", f"--ttt-steps {self.ttt_steps}"]
         parts += ["--teacher-bf16"] if self.teacher_bf16 else []
@@ -202,6 +206,21 @@ def choose_draft_vocab(labels: list[Tensor], size: int, vocab: int) -> Tensor:
     return counts.topk(size).indices.sort().values
 
 
+def reduced_rows(cfg: EagleTrainConfig, target: LlamaModel, answers: list[list[int]]) -> Tensor:
+    """The target head's rows `[N, H]` of the draft vocabulary the drafter will use: the shipped ranking's top
+    N for a target that has one (what `eagle:vocab=N` reads), else the N most frequent answer tokens."""
+    from specdec.drafters.heads.draft_folder import alias_of
+    from specdec.drafters.heads.reduced_vocab import VOCAB_DIR, draft_vocab, head_rows, ranking_of, token_counts
+
+    size = target.config.vocab_size
+    alias = alias_of(cfg.target)
+    if alias and (VOCAB_DIR / f"{alias}.safetensors").is_file():
+        ids = draft_vocab(alias, cfg.vocab, size)
+    else:
+        ids = ranking_of(token_counts(answers, size))[: cfg.vocab].long().sort().values
+    return head_rows(target, ids).detach()
+
+
 def _padded(seqs: list[Tensor], device: torch.device, dtype: torch.dtype | None = None) -> Tensor:
     length = max(s.shape[0] for s in seqs)
     out = torch.zeros((len(seqs), length) + tuple(seqs[0].shape[1:]), dtype=dtype or seqs[0].dtype, device=device)
@@ -213,7 +232,7 @@ def _padded(seqs: list[Tensor], device: torch.device, dtype: torch.dtype | None 
 # ------------------------------------------------------------------------------------------------ losses
 def eagle_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indices: list[int],
                ttt_steps: int = 3, bf16: bool = False, ce_fraction: float = 1.0,
-               ce_weight: float = 0.1) -> tuple[Tensor, dict[str, float]]:
+               ce_weight: float = 0.1, head: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """The training loss of one batch of sequences, and its top-1 agreement (per unrolled step for EAGLE-3)."""
     device = model.device
     ids = _padded([data.ids[i] for i in indices], device)  # [B, T]
@@ -228,7 +247,7 @@ def eagle_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indic
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         out = model(embeds, feats.reshape(b * t, -1), positions, attend)
         if model.config.version == 1:
-            return _eagle1_loss(model, target, data, indices, out.float(), valid, ce_fraction, ce_weight)
+            return _eagle1_loss(model, target, data, indices, out.float(), valid, ce_fraction, ce_weight, head)
         losses, metrics = [], {}
         labels = _padded([data.labels[i] for i in indices], device)[:, 1:]  # target argmax after x_{t+1}
         to_draft = torch.full((model.config.layer.vocab_size,), -1, dtype=torch.int64, device=device)
@@ -248,7 +267,14 @@ def eagle_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indic
 
 
 def _eagle1_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indices: list[int], out: Tensor,
-                 valid: Tensor, ce_fraction: float = 1.0, ce_weight: float = 0.1) -> tuple[Tensor, dict[str, float]]:
+                 valid: Tensor, ce_fraction: float = 1.0, ce_weight: float = 0.1,
+                 head: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+    """Regression onto f_{t+1} plus cross-entropy against the target's next-token distribution; with `head`
+    (the target head's rows `[N, H]` of a reduced vocabulary) both distributions are over those N tokens:
+    what the reduced drafter ranks, at a fraction of the full head's cost."""
+    def logits_of(x: Tensor) -> Tensor:
+        return x @ head.T if head is not None else target.lm_head(x)
+
     device = out.device
     nxt = _padded([data.hidden[i] for i in indices], device, torch.float32)[:, 1:]  # f_{t+1}
     mask = valid.reshape(-1)
@@ -258,9 +284,9 @@ def _eagle1_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, ind
         stride = max(1, round(1 / ce_fraction))
         pred, goal = pred[indices[0] % stride:: stride], goal[indices[0] % stride:: stride]
     with torch.no_grad():
-        target_logits = target.lm_head(goal).float()
+        target_logits = logits_of(goal).float()
         p = torch.softmax(target_logits, dim=-1)
-    logq = torch.log_softmax(target.lm_head(pred).float(), dim=-1)
+    logq = torch.log_softmax(logits_of(pred).float(), dim=-1)
     ce = -(p * logq).sum(-1).mean()
     agree = float((logq.argmax(-1) == target_logits.argmax(-1)).float().mean())
     return regression + ce_weight * ce, {"regression": float(regression.detach()), "ce": float(ce.detach()),
@@ -270,7 +296,8 @@ def _eagle1_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, ind
 # ------------------------------------------------------------------------------------------------ training
 def train_predictor(model: EaglePredictor, target: LlamaModel, data: EagleData, train: list[int], val: list[int],
                     settings: TrainSettings, ttt_steps: int, path: Path, state: TrainState | None = None,
-                    progress: Progress = _no_progress, ce_fraction: float = 1.0, ce_weight: float = 0.1) -> TrainState:
+                    progress: Progress = _no_progress, ce_fraction: float = 1.0, ce_weight: float = 0.1,
+                    head: Tensor | None = None) -> TrainState:
     """AdamW on `eagle_loss`; checkpoints (weights, optimizer, step, history) every `checkpoint_every` steps."""
     params = trainable(model)
     model.train().requires_grad_(True)
@@ -281,12 +308,12 @@ def train_predictor(model: EaglePredictor, target: LlamaModel, data: EagleData, 
         model.load_state_dict(saved["params"], strict=False)
         optimizer.load_state_dict(saved["optimizer"])
     def checkpoint(fields: dict) -> dict:
-        fields.update(evaluate(model, target, data, val, ttt_steps))
+        fields.update(evaluate(model, target, data, val, ttt_steps, head=head))
         state.history.append({"step": state.step, **fields})
         return fields
 
     def batch_loss(batch: list[int]) -> Tensor:
-        return eagle_loss(model, target, data, batch, ttt_steps, settings.bf16, ce_fraction, ce_weight)[0]
+        return eagle_loss(model, target, data, batch, ttt_steps, settings.bf16, ce_fraction, ce_weight, head)[0]
 
     optimise(optimizer, list(params.values()), settings, state, train, batch_loss, checkpoint,
              lambda: {"params": model.state_dict()}, path, progress)
@@ -296,14 +323,14 @@ def train_predictor(model: EaglePredictor, target: LlamaModel, data: EagleData, 
 
 @torch.no_grad()
 def evaluate(model: EaglePredictor, target: LlamaModel, data: EagleData, val: list[int], ttt_steps: int = 3,
-             batch_size: int = 8) -> dict[str, float]:
+             batch_size: int = 8, head: Tensor | None = None) -> dict[str, float]:
     """Held-out loss and top-1 agreement with the target (step 0 = depth 1), averaged over batches."""
     was_training = model.training
     model.eval()
     sums: dict[str, float] = {}
     batches = [val[i: i + batch_size] for i in range(0, len(val), batch_size)]
     for indices in batches:
-        loss, metrics = eagle_loss(model, target, data, indices, ttt_steps)
+        loss, metrics = eagle_loss(model, target, data, indices, ttt_steps, head=head)
         for key, value in {"loss": float(loss.detach()), **metrics}.items():
             sums[f"val_{key}"] = sums.get(f"val_{key}", 0.0) + value / len(batches)
     model.train(was_training)
@@ -347,16 +374,19 @@ def run_eagle_training(cfg: EagleTrainConfig, out: Path, resume: bool = False, l
     if cfg.version == 3:
         draft_ids = choose_draft_vocab([data.labels[i] for i in train], cfg.draft_vocab, target.config.vocab_size)
     model = init_predictor(target, cfg.version, draft_ids, cfg.seed)
+    head = None
+    if cfg.version == 1 and cfg.vocab:
+        head = reduced_rows(cfg, target, [corpus.response_ids[i] for i in train])
     settings = TrainSettings(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
                              bf16=cfg.train_bf16)
     ckpt = out / CHECKPOINT_FILE
     state = TrainState(**torch.load(ckpt, weights_only=True)["state"]) if resume and ckpt.is_file() else None
     if state is None:
         start = time.perf_counter()
-        state = TrainState(history=[{"step": 0, **evaluate(model, target, data, val, cfg.ttt_steps)}])
+        state = TrainState(history=[{"step": 0, **evaluate(model, target, data, val, cfg.ttt_steps, head=head)}])
         state.seconds = time.perf_counter() - start
     state = train_predictor(model, target, data, train, val, settings, cfg.ttt_steps, ckpt, state, progress,
-                            cfg.ce_fraction, cfg.ce_weight)
+                            cfg.ce_fraction, cfg.ce_weight, head)
     final = state.history[-1]
     log(f"train: {state.step} steps in {state.seconds:.0f} s; held-out top-1 {final.get('val_top1_0', 0):.3f}")
     meta = {
@@ -373,6 +403,8 @@ def run_eagle_training(cfg: EagleTrainConfig, out: Path, resume: bool = False, l
         "history": state.history,
         "final": final,
     }
+    if head is not None:
+        meta["draft_vocab"] = cfg.vocab  # the drafter's default: eagle means eagle:vocab=N with this head
     folder = out / cfg.kind
     write_eagle(model, folder, meta)
     if published:
