@@ -39,6 +39,7 @@ def command(kind: str):
         ce_fraction: float = typer.Option(1.0, help="EAGLE-1/2: share of positions given the token loss "
                                                     "(the LM head dominates CPU training cost)."),
         ce_weight: float = typer.Option(0.1, help="EAGLE-1/2: weight of the token loss (regression: 1.0)."),
+        init_from: Optional[Path] = typer.Option(None, help="Start from this checkpoint folder (fine-tune)."),
         vocab: int = typer.Option(0, help="EAGLE-1/2: token loss over the N most frequent target tokens, and the "
                                           "drafter's default vocab=N (0: the full vocabulary)."),
         teacher_bf16: bool = typer.Option(False, help="bf16 autocast for the target's feature pass."),
@@ -59,7 +60,8 @@ def command(kind: str):
                                    corpus=str(corpus) if corpus else None, max_prompts=max_prompts,
                                    new_tokens=new_tokens, steps=steps, batch_size=batch_size, lr=lr,
                                    val_prompts=val_prompts, seed=seed, draft_vocab=draft_vocab, ttt_steps=ttt_steps,
-                                   ce_fraction=ce_fraction, ce_weight=ce_weight, vocab=vocab, teacher_bf16=teacher_bf16, train_bf16=train_bf16)
+                                   ce_fraction=ce_fraction, ce_weight=ce_weight, vocab=vocab,
+                                   init_from=str(init_from) if init_from else None, teacher_bf16=teacher_bf16, train_bf16=train_bf16)
             for name in ("max_prompts", "new_tokens", "steps", "batch_size", "val_prompts", "draft_vocab", "ttt_steps"):
                 if getattr(cfg, name) < 1:
                     raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")

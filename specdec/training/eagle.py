@@ -63,6 +63,7 @@ class EagleTrainConfig:
     ce_fraction: float = 1.0  # EAGLE-1/2: share of positions whose token loss is computed (the LM head is the
     #                           cost of training on a CPU; regression always uses every position)
     ce_weight: float = 0.1  # EAGLE-1/2: weight of the token loss (regression weighs 1.0), as published
+    init_from: str | None = None  # an EAGLE checkpoint folder of the same kind to start from (fine-tuning)
     vocab: int = 0  # EAGLE-1/2: the token loss over the N most frequent target tokens only, as the drafter then
     #                 drafts with `eagle:vocab=N` (the default it ships with); 0 = the full vocabulary
     teacher_bf16: bool = False  # bf16 autocast for the target's feature pass
@@ -77,6 +78,7 @@ class EagleTrainConfig:
         parts += [f"--prompts {self.prompts}"] if self.prompts else []
         parts += [f"--corpus {self.corpus}"] if self.corpus else []
         parts.append(f"--out {out}")
+        parts += [f"--init-from {self.init_from}"] if self.init_from else []
         for name in ("max_prompts", "new_tokens", "steps", "batch_size", "lr", "val_prompts", "seed"):
             parts.append(f"--{name.replace('_', '-')} {getattr(self, name)}")
         if self.version == 1 and self.ce_fraction != 1.0:
@@ -204,6 +206,17 @@ def choose_draft_vocab(labels: list[Tensor], size: int, vocab: int) -> Tensor:
     counts = torch.bincount(torch.cat(labels).long(), minlength=vocab)
     size = min(size, vocab)
     return counts.topk(size).indices.sort().values
+
+
+def start_from(model: EaglePredictor, folder: Path, target: LlamaModel) -> None:
+    """Copy a trained checkpoint's weights into a fresh predictor of the same shape (fine-tuning)."""
+    from specdec.drafters.heads.eagle_checkpoint import load_eagle
+
+    trained, _ = load_eagle(folder, target.config, target.device, torch.float32)
+    if trained.config != model.config:
+        raise ConfigError(f"--init-from {folder}: its shape ({trained.config.version}, draft vocabulary "
+                          f"{trained.config.draft_vocab}) differs from this run's")
+    model.load_state_dict(trained.state_dict())
 
 
 def reduced_rows(cfg: EagleTrainConfig, target: LlamaModel, answers: list[list[int]]) -> Tensor:
@@ -374,6 +387,8 @@ def run_eagle_training(cfg: EagleTrainConfig, out: Path, resume: bool = False, l
     if cfg.version == 3:
         draft_ids = choose_draft_vocab([data.labels[i] for i in train], cfg.draft_vocab, target.config.vocab_size)
     model = init_predictor(target, cfg.version, draft_ids, cfg.seed)
+    if cfg.init_from:
+        start_from(model, Path(cfg.init_from).expanduser(), target)
     head = None
     if cfg.version == 1 and cfg.vocab:
         head = reduced_rows(cfg, target, [corpus.response_ids[i] for i in train])

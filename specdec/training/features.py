@@ -31,19 +31,24 @@ class Features:
 @torch.inference_mode()
 def record_features(target: LlamaModel, corpus: Corpus, capture_layers: tuple[int, ...] = (),
                     batch_tokens: int = 4096, progress: Progress = _no_progress) -> Features:
-    """Run the target densely over every corpus sequence, batching sequences up to `batch_tokens` (padded)."""
-    features = Features(layers={i: [] for i in capture_layers})
+    """Run the target densely over every corpus sequence, batching sequences up to `batch_tokens` (padded).
+
+    Sequences go through in order of length (so a batch pads little: corpora mix 20- and 600-token
+    sequences), and come back in corpus order."""
     sequences = [p + r for p, r in zip(corpus.prompt_ids, corpus.response_ids)]
     n = len(sequences)
-    index = 0
+    order = sorted(range(n), key=lambda i: len(sequences[i]))
+    hidden_of: list[Tensor | None] = [None] * n
+    layers_of: dict[int, list[Tensor | None]] = {i: [None] * n for i in capture_layers}
+    seconds, done = 0.0, 0
     progress("features", 0, n, {})
-    while index < n:
+    while done < n:
         start = time.perf_counter()
-        batch = [index]
-        longest = len(sequences[index])
-        while index + len(batch) < n and max(longest, len(sequences[index + len(batch)])) * (len(batch) + 1) <= batch_tokens:
-            longest = max(longest, len(sequences[index + len(batch)]))
-            batch.append(index + len(batch))
+        batch = [order[done]]
+        longest = len(sequences[batch[0]])
+        while done + len(batch) < n and max(longest, len(sequences[order[done + len(batch)]])) * (len(batch) + 1) <= batch_tokens:
+            batch.append(order[done + len(batch)])
+            longest = max(longest, len(sequences[batch[-1]]))
         ids = torch.zeros(len(batch), longest, dtype=torch.int64)
         for row, i in enumerate(batch):
             ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
@@ -51,10 +56,11 @@ def record_features(target: LlamaModel, corpus: Corpus, capture_layers: tuple[in
         hidden = dense_forward(target, ids.to(target.device), capture)
         for row, i in enumerate(batch):
             length = len(sequences[i])
-            features.hidden.append(hidden[row, :length].to("cpu", torch.bfloat16))
+            hidden_of[i] = hidden[row, :length].to("cpu", torch.bfloat16)
             for layer in capture_layers:
-                features.layers[layer].append(capture[layer][row, :length].to("cpu", torch.bfloat16))
-        index += len(batch)
-        features.seconds += time.perf_counter() - start
-        progress("features", index, n, {})
+                layers_of[layer][i] = capture[layer][row, :length].to("cpu", torch.bfloat16)
+        done += len(batch)
+        seconds += time.perf_counter() - start
+        progress("features", done, n, {})
+    features = Features(hidden=hidden_of, layers=layers_of, seconds=seconds)
     return features
