@@ -126,3 +126,25 @@ def test_engine_answers_are_the_targets_greedy_answers(default_llm):
     got = {index: ids for index, ids, _ in engine_generator(default_llm, new_tokens=6)(prompts)}
     plain = default_llm.generate(prompts, SamplingParams(max_new_tokens=6), chat=False)
     assert [got[i] for i in range(3)] == [o.token_ids for o in plain]
+
+
+def test_trainers_read_the_training_records_of_a_matching_corpus(tmp_path: Path):
+    from types import SimpleNamespace
+
+    from specdec.training.common import corpus_from_store
+
+    class Tok:
+        def get_vocab(self):
+            return {f"t{i}": i for i in range(100)}
+
+    loaded = SimpleNamespace(tokenizer=Tok(), model=SimpleNamespace(config=SimpleNamespace(vocab_size=100)))
+    manifest = Manifest(**{**_manifest().__dict__, "tokenizer_sha256": tokenizer_fingerprint(Tok(), 100)})
+    with open_store(tmp_path, manifest) as store:
+        for i in range(25):
+            store.append(f"p{i}", [i, 1], [i % 7, 2, 3], "length")
+    corpus = corpus_from_store(tmp_path, loaded)
+    assert len(corpus.prompt_ids) == 22  # records 0, 10 and 20 are held out
+    assert [p[0] for p in corpus.prompt_ids][:10] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 11]
+    other = SimpleNamespace(tokenizer=Tok(), model=SimpleNamespace(config=SimpleNamespace(vocab_size=120)))
+    with pytest.raises(ConfigError, match="another tokenizer"):
+        corpus_from_store(tmp_path, other)
