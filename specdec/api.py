@@ -65,7 +65,9 @@ class LLM:
             num_threads = default_cpu_threads()
         if num_threads:
             torch.set_num_threads(num_threads)
-        loaded = load_model(target, device, dtype, show_progress=show_progress)
+        # int8/int4 quantize as the layers load: a 1.5B model never holds its float32 weights at once
+        loaded = load_model(target, device, dtype, show_progress=show_progress,
+                            quantize=None if quantize == "none" else quantize)
         self._setup(loaded, target, drafter, tree, quantize, engine_config)
 
     @classmethod

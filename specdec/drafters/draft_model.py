@@ -3,7 +3,9 @@
 * `draft:<model>`: any model our loaders read that shares the target's tokenizer, with its own paged cache.
 * `draft:layers=N`: an early-exit self-draft: the target's first N layers, final norm and LM head (no extra
   weights at all; its K/V for those layers live in the drafter's own cache).
-* `draft`: the default draft for the target: the shipped distilled 2-layer draft for `smollm2-135m` (early-exit self-draft when none is shipped).
+* `draft`: the default draft for the target: the shipped distilled 2-layer draft for `smollm2-135m`, the
+  registered draft model for an alias that names one (`qwen2.5-coder-0.5b` for `qwen2.5-coder-1.5b`), else an
+  early-exit self-draft.
 
 Chains and trees are drafted by `ModelDrafter` (model_drafter.py); this file gives it the forward.
 
@@ -20,7 +22,7 @@ from torch import Tensor
 
 from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterContext
-from specdec.drafters.heads.draft_folder import is_draft_folder, load_draft_folder, shipped_draft_dir
+from specdec.drafters.heads.draft_folder import alias_of, is_draft_folder, load_draft_folder, shipped_draft_dir
 from specdec.drafters.model_drafter import Feed, ModelDrafter, spare_blocks
 from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.runner import Chunk, ModelRunner, Rows
@@ -81,16 +83,26 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
         shipped = shipped_draft_dir(ctx.target.source)
         if shipped is not None:
             return DraftModelDrafter(_layers_only_draft(shipped, ctx), ctx.engine, k=k)
+        model_ref = default_draft_model(ctx.target.source)  # qwen2.5-coder-1.5b drafts with its 0.5B sibling
     if model_ref is None:
         n = DEFAULT_EARLY_EXIT_LAYERS if layers is None else _layers(layers, target.config.num_layers)
         return DraftModelDrafter(target, ctx.engine, k=k, num_layers=n)
     if is_draft_folder(model_ref):
         return DraftModelDrafter(_layers_only_draft(Path(model_ref).expanduser(), ctx), ctx.engine, k=k)
-    draft = load_model(model_ref, ctx.device, ctx.dtype, show_progress=True)
+    # int8: quantized as it loads, by the target's policy (our kernels' QLinear where they are built)
+    draft = load_model(model_ref, ctx.device, ctx.dtype, show_progress=True, quantize=ctx.quantize)
     check_same_tokenizer(ctx.target.tokenizer, draft.tokenizer, model_ref)
-    if ctx.quantize == "int8":
+    if ctx.quantize == "int8" and draft.quantized is None:  # CUDA or a non-float32 dtype: as before
         quantize_int8_(draft.model)
     return DraftModelDrafter(draft.model, ctx.engine, k=k)
+
+
+def default_draft_model(target_source: str) -> str | None:
+    """The draft model alias registered for the target (specdec/models/aliases.py), if any."""
+    from specdec.models import registry
+
+    alias = alias_of(target_source)
+    return registry.default_draft(alias) if alias is not None else None
 
 
 def _layers_only_draft(folder: Path, ctx: DrafterContext) -> LlamaModel:
