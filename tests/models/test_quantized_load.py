@@ -62,7 +62,10 @@ def _state(model) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("dtype,tied,bits", [(torch.bfloat16, False, 8), (torch.float32, True, 8),
                                              (torch.bfloat16, True, 4)])
-def test_layer_by_layer_quantized_load_equals_quantizing_a_float_load(tmp_path, dtype, tied, bits):
+def test_layer_by_layer_quantized_load_equals_quantizing_a_float_load(tmp_path, monkeypatch, dtype, tied, bits):
+    from specdec.models import quantized_load
+
+    monkeypatch.setattr(quantized_load, "_HEAD_SLICE", 7)  # the head in slices of 7 of its 100 rows
     folder, config = _folder(tmp_path, dtype, tied)
     streamed = load_quantized(folder, config, bits=bits)
     whole = build_model(config, to_engine_weights(load_state_dict(folder), config), torch.float32,
