@@ -33,6 +33,8 @@ from specdec.engine.planner import SpeculationPlanner
 from specdec.models.loader import load_model
 from specdec.tree.spec import parse_tree_spec
 
+from plain_decode import copy_bandwidth, weight_bytes  # bench/ is the script's own folder
+
 RESULTS = Path(__file__).resolve().parent / "results"
 CONFIGS = [  # (label, drafter, tree); the draft tree shares the chain's draft model
     ("plain int8", "none", None),
@@ -148,7 +150,11 @@ def main() -> None:
                                 "same_as_ours": tokens == plain_tokens})
             console.print(f"  {label:<34} {len(tokens) / seconds:6.2f} tok/s")
     result = summarize(runs, [p["category"] for p in prompts], list(llamas))
+    bandwidth, weights = copy_bandwidth(), weight_bytes(loaded.model)
+    plain_speed = result["table"]["plain int8"]["all"]["tok_s"]
     result.update({
+        "copy_bandwidth_gb_s": bandwidth / 1e9, "weight_bytes_per_token": weights,
+        "bandwidth_bound_tok_s": bandwidth / weights, "plain_fraction_of_bound": plain_speed * weights / bandwidth,
         "target": args.target, "draft": args.draft, "new_tokens": args.new_tokens,
         "prompts": [p["id"] for p in prompts],
         "prompt_tokens": [len(ids) for ids in encoded], "threads": 1, "llama_cpp_build": build,
@@ -197,6 +203,9 @@ def markdown(result: dict) -> str:
              "to read.",
              f"llama.cpp build: {result['llama_cpp_build']}",
              f"Our speculative outputs equal our plain greedy output: {result['speculative_equals_plain']}",
+             f"Bandwidth bound of our plain int8 decode: {result['weight_bytes_per_token'] / 1e6:.0f} MB of weights "
+             f"a token at a measured {result['copy_bandwidth_gb_s']:.1f} GB/s copy bandwidth = "
+             f"{result['bandwidth_bound_tok_s']:.1f} tok/s; plain reached {100 * result['plain_fraction_of_bound']:.0f}%.",
              "",
              "| method | " + " | ".join(f"{c} tok/s | {c} speedup" for c in cats)
              + " | tau (all) | vs llama.cpp plain (all) |",

@@ -69,7 +69,7 @@ def pair():
     from specdec.api import LLM
 
     llm = LLM("qwen2.5-coder-1.5b", quantize="int8", num_threads=1, show_progress=False,
-              engine_config=EngineConfig(kv_cache_tokens=4096))
+              engine_config=EngineConfig(kv_cache_tokens=4096, adaptive_speculation=False))
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
     prompts = [PROMPTS[0], "Write a Python function that returns the squares of a list of numbers.", PROMPTS[1]]
     return llm, prompts, params, [o.token_ids for o in llm.generate(prompts, params)]
