@@ -310,8 +310,6 @@ class AsyncEngine:
         """Drop a finished or aborted request from every table (the engine keeps no finished sequences)."""
         seq = request.seq
         self._live.pop(seq.seq_id, None)
-        # Engine.sequences keeps finished sequences for `abort` lookups; a server would grow it forever.
-        self.engine.sequences.pop(seq.seq_id, None)
         output = RequestOutput(seq.seq_id, list(seq.prompt_ids), self.engine.output_text(seq), list(seq.output_ids),
                                seq.finish_reason, metrics_of(seq, now))
         for callback in self.on_finish:

@@ -286,6 +286,7 @@ class Engine:
         self.scheduler.remove(seq)
         self.drafter.release([seq])
         self._rules.pop(seq.seq_id, None)
+        self.sequences.pop(seq.seq_id, None)  # the caller holds it; a long-lived engine must not keep every request
 
     def output_text(self, seq: Sequence) -> str:
         """The request's text so far (up to a matched stop string), decoding only what is new."""
