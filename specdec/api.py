@@ -20,7 +20,7 @@ from specdec.drafters.registry import build_drafter
 from specdec.engine.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.loader import LoadedModel, load_model
-from specdec.engine.outputs import RequestOutput, metrics_of
+from specdec.engine.outputs import RequestOutput, output_of
 from specdec.engine.sequence import Sequence
 from specdec.tree.spec import TreeSpec, parse_tree_spec
 from specdec.validation import (
@@ -215,14 +215,7 @@ class LLM:
                     engine.abort(seq.seq_id)
 
     def _output(self, seq: Sequence) -> RequestOutput:
-        return RequestOutput(
-            request_id=seq.seq_id,
-            prompt_token_ids=list(seq.prompt_ids),
-            text=self.engine.output_text(seq),
-            token_ids=list(seq.output_ids),
-            finish_reason=seq.finish_reason,
-            metrics=metrics_of(seq, time.perf_counter()),
-        )
+        return output_of(seq, self.engine.output_text(seq), time.perf_counter())
 
 
 def default_cpu_threads() -> int:

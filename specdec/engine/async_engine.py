@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Callable
 
 from specdec.config import SamplingParams
 from specdec.engine.engine import Engine
-from specdec.engine.outputs import RequestOutput, metrics_of
+from specdec.engine.outputs import RequestOutput, output_of
 from specdec.engine.sequence import Sequence
 from specdec.errors import SpecdecError
 
@@ -312,8 +312,7 @@ class AsyncEngine:
         self._live.pop(seq.seq_id, None)
         # Engine.sequences keeps finished sequences for `abort` lookups; a server would grow it forever.
         self.engine.sequences.pop(seq.seq_id, None)
-        output = RequestOutput(seq.seq_id, list(seq.prompt_ids), self.engine.output_text(seq), list(seq.output_ids),
-                               seq.finish_reason, metrics_of(seq, now))
+        output = output_of(seq, self.engine.output_text(seq), now)
         for callback in self.on_finish:
             try:
                 callback(output)

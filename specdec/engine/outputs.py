@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from specdec.engine.sequence import Sequence
+from specdec.sampling.logprobs import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -34,10 +35,28 @@ class RequestOutput:
     token_ids: list[int]  # generated tokens only
     finish_reason: str | None  # "stop" (EOS or a stop string), "length", "abort", or None while running
     metrics: RequestMetrics
+    # per generated token, under the processed distribution it was drawn from; None unless params.logprobs is set
+    logprobs: list[TokenLogprob] | None = None
+    sample_index: int = 0  # which of the prompt's `n` samples this is
+    samples: tuple["RequestOutput", ...] = ()  # with n > 1: every sample (this one first); () when n == 1
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+def output_of(seq: Sequence, text: str, now: float, sample_index: int = 0) -> RequestOutput:
+    """One sequence's output as the user sees it (the text comes from the engine's detokenizer)."""
+    return RequestOutput(
+        request_id=seq.seq_id,
+        prompt_token_ids=list(seq.prompt_ids),
+        text=text,
+        token_ids=list(seq.output_ids),
+        finish_reason=seq.finish_reason,
+        metrics=metrics_of(seq, now),
+        logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+        sample_index=sample_index,
+    )
 
 
 def metrics_of(seq: Sequence, now: float) -> RequestMetrics:
