@@ -77,10 +77,14 @@ class Engine:
         return self.stops.eos_ids
 
     # ----------------------------------------------------------------------------------------------- requests
-    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+    def add_request(self, prompt_ids: list[int], params: SamplingParams,
+                    share_prefix_with: Sequence | None = None) -> Sequence:
+        """Queue one sequence. `share_prefix_with`: an earlier sequence of the same prompt (another of its `n`
+        samples); this one waits until that one's prompt is in the cache, then reuses its full blocks through
+        the prefix cache instead of computing them again."""
         self.check_request(prompt_ids, params)
         seq = Sequence(next(self._ids), list(prompt_ids), params, make_generator(params.seed, self.runner.device),
-                       text=TextState())
+                       text=TextState(), prefix_leader=share_prefix_with)
         self._rules[seq.seq_id] = rule_for(params, self.config)
         self.sequences[seq.seq_id] = seq
         self.scheduler.add(seq)

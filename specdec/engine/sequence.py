@@ -84,6 +84,7 @@ class Sequence:
     drafter_state: DrafterSlots = field(default_factory=DrafterSlots)  # owned by the drafters
     text: TextState | None = None  # output text, decoded incrementally (made by the engine)
     logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token when params.logprobs is set
+    prefix_leader: "Sequence | None" = None  # a sibling sample whose prompt prefill this one waits for
 
     @property
     def num_computed(self) -> int:
