@@ -164,9 +164,8 @@ def test_sampled_logprobs_are_the_processed_distributions_for_every_drafter(mode
         out, prompt = seq.output_ids, PROMPTS[i]
         streams.add(tuple(out))
         assert [lp.token_id for lp in seq.logprobs] == out
-        rows = R.target_rows(models.target, [prompt + out[:j] for j in range(len(out))][:1])
         for j, lp in enumerate(seq.logprobs):
-            row = R.target_rows(models.target, [prompt + out[:j]])[0] if j else rows[0]
+            row = R.target_rows(models.target, [prompt + out[:j]])[0]
             ref = R.reference_logprobs(R.reference_logits(row, SAMPLED, prompt, out[:j]), SAMPLED)
             assert ref[lp.token_id] > -float("inf"), f"{kind}: sampled a token of probability 0"
             assert abs(lp.logprob - float(ref[lp.token_id])) < 1e-4, (kind, i, j)
@@ -180,7 +179,7 @@ class FitCase:
     drafter: str
     tree: TreeSpec
     params: SamplingParams
-    runs: int = 2000
+    runs: int = 1200  # the planted rule fails at p < 1e-14 with this many (two seeds checked)
 
 
 GOF: dict[str, FitCase] = {
