@@ -228,7 +228,7 @@ class LLM:
                     engine.abort(seq.seq_id)
 
     def _output(self, seq: Sequence, sample: int = 0) -> RequestOutput:
-        return output_of(seq, self.engine.output_text(seq), time.perf_counter(), sample)
+        return output_of(seq, self.engine.output_text(seq), time.perf_counter(), sample, self.engine.token_text)
 
 
 def default_cpu_threads() -> int:

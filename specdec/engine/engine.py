@@ -314,6 +314,10 @@ class Engine:
         self.drafter.release([seq])
         self._rules.pop(seq.seq_id, None)
 
+    def token_text(self, token: int) -> str:
+        """One token's own text, special tokens included (what logprobs name a token by)."""
+        return self.stops.tokenizer.decode([token], skip_special_tokens=False)
+
     def output_text(self, seq: Sequence) -> str:
         """The request's text so far (up to a matched stop string), decoding only what is new."""
         self.stops.decode(seq.text, seq.output_ids, final=seq.is_finished)
