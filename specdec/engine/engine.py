@@ -82,6 +82,9 @@ class Engine:
         """Queue one sequence. `share_prefix_with`: an earlier sequence of the same prompt (another of its `n`
         samples); this one waits until that one's prompt is in the cache, then reuses its full blocks through
         the prefix cache instead of computing them again."""
+        if params.n != 1:
+            raise ConfigError("the engine runs one sample per sequence: expand n with "
+                              "specdec.sampling.seeds.per_sample (LLM.generate and the server do)", field="n")
         self.check_request(prompt_ids, params)
         seq = Sequence(next(self._ids), list(prompt_ids), params, make_generator(params.seed, self.runner.device),
                        text=TextState(), prefix_leader=share_prefix_with)
