@@ -30,6 +30,7 @@ from specdec.models.loader import LoadedModel
 from specdec.sampling import history as history_module
 from specdec.sampling import processors
 from specdec.sampling.seeds import per_sample
+from specdec.tree import sampled
 from specdec.tree.spec import TreeSpec
 from tests.helpers import NoTokenizer, run_all
 from tests.verifier import lossless as L
@@ -179,6 +180,7 @@ class FitCase:
     drafter: str
     tree: TreeSpec
     params: SamplingParams
+    sampled_trees: bool = False  # model drafters: children drawn from q without replacement (specdec.tree.sampled)
     runs: int = 1200  # the planted rule fails at p < 1e-14 with this many (two seeds checked)
 
 
@@ -192,11 +194,17 @@ GOF: dict[str, FitCase] = {
     "medusa tree: everything": FitCase("medusa", L.TREE, SamplingParams(
         temperature=0.9, top_p=0.95, min_p=0.05, repetition_penalty=1.2, frequency_penalty=0.4,
         logit_bias={3: 0.5})),
+    "draft sampled tree: T=0.7 + frequency": FitCase("draft", L.TREE, SamplingParams(
+        temperature=0.7, frequency_penalty=0.5), sampled_trees=True),
+    "eagle sampled tree: top-p + presence": FitCase("eagle", L.TREE, SamplingParams(
+        temperature=0.8, top_p=0.85, presence_penalty=0.6), sampled_trees=True),
 }
 
 
 def sample_case(models: L.Models, case: FitCase, seed: int = 0) -> torch.Tensor:
     engine = make_engine(case.drafter, models, case.tree, runs=case.runs)
+    if case.sampled_trees:
+        engine.drafter.sampled_trees = True
     base = 1_000_003 * seed
     seqs = [engine.add_request(L.PROMPT, replace(case.params, max_new_tokens=L.HORIZON, ignore_eos=True,
                                                  seed=base + i)) for i in range(case.runs)]
@@ -226,5 +234,25 @@ def test_planted_rule_without_the_nodes_path_is_caught(models, plain, monkeypatc
     spec = run_greedy_matrix("ngram", models)
     assert any(spec.outputs[k] != v for k, v in plain.outputs.items()), "greedy cells missed the planted rule"
     case = GOF["ngram tree: frequency + presence"]
+    fit = L.goodness_of_fit(sample_case(models, case), R.exact_joint(models.target, case.params))
+    assert fit.p_value < 1e-6, f"the planted rule passed: {fit.describe()}"
+
+
+def test_planted_sampled_tree_rule_with_unconditioned_sibling_rows_is_caught(models, monkeypatch):
+    """Siblings drawn without replacement but each passed on as the whole q (not q without the earlier
+    siblings): the verifier then tests later siblings against the wrong proposal, which must be seen."""
+    real = sampled.SampledGrowth.expand
+
+    def expand_tracking_rows(self, q_rows, generator):
+        before = len(self.tokens)
+        parents_before = list(self.frontier)
+        real(self, q_rows, generator)
+        row_of = {node: row for row, node in enumerate(parents_before)}
+        for node in range(before, len(self.tokens)):
+            self.rows[node] = q_rows[row_of[self.parents[node]]].float()
+
+    monkeypatch.setattr(sampled.SampledGrowth, "expand", expand_tracking_rows)
+    # a sharp q (T=0.5) makes the wrong row matter most: p < 1e-16 over two seeds, and the real rule passes here
+    case = FitCase("draft", L.TREE, SamplingParams(temperature=0.5), sampled_trees=True)
     fit = L.goodness_of_fit(sample_case(models, case), R.exact_joint(models.target, case.params))
     assert fit.p_value < 1e-6, f"the planted rule passed: {fit.describe()}"
