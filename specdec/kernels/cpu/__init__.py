@@ -16,6 +16,7 @@ Arguments and meaning are those of the reference functions of the same names.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import warnings
 from pathlib import Path
@@ -28,6 +29,7 @@ from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: o
 __all__ = ["available", "copy_kv_slots", "decode_attention", "decode_layers", "linear_q4", "linear_q8", "paged_attention", "quantize",
            "rms_norm", "rope_kv", "silu_mul", "write_kv"]
 SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "qlinear.cpp")
+HEADERS = ("ops.h", "vec.h")
 _HERE = Path(__file__).resolve().parent
 
 
@@ -54,7 +56,12 @@ def _build() -> None:
     flags = ["-O3", "-ffp-contract=off"]  # every FMA is explicit (vec.h): one rounding rule for every row
     if capability.startswith("AVX"):  # AVX512 machines run the AVX2 build: one tested code path on x86
         flags += ["-mavx2", "-mfma", "-mf16c"]
-    name = f"specdec_cpu_{capability.lower()}"
+    # One build folder per source version: two checkouts (or versions) of specdec never rebuild over each
+    # other's objects, or load each other's kernels.
+    digest = hashlib.sha256(" ".join(flags).encode())
+    for source in (*SOURCES, *HEADERS):
+        digest.update((_HERE / source).read_bytes())
+    name = f"specdec_cpu_{capability.lower()}_{digest.hexdigest()[:12]}"
     # $SPECDEC_CACHE as specdec.models.registry.cache_root reads it (kernels sit below models: no import).
     root = Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec").expanduser()
     build = root / "kernels" / f"torch-{torch.__version__}" / name
