@@ -322,8 +322,6 @@ class AsyncEngine:
         """Drop a finished or aborted request from every table (the engine keeps no finished sequences)."""
         seq = request.seq
         self._live.pop(seq.seq_id, None)
-        # Engine.sequences keeps finished sequences for `abort` lookups; a server would grow it forever.
-        self.engine.sequences.pop(seq.seq_id, None)
         output = output_of(seq, self.engine.output_text(seq), now, token_text=self.engine.token_text)
         for callback in self.on_finish:
             try:

@@ -316,6 +316,7 @@ class Engine:
         self.scheduler.remove(seq)
         self.drafter.release([seq])
         self._rules.pop(seq.seq_id, None)
+        self.sequences.pop(seq.seq_id, None)  # the caller holds it; a long-lived engine must not keep every request
 
     def token_text(self, token: int) -> str:
         """One token's own text, special tokens included (what logprobs name a token by)."""

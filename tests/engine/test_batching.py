@@ -143,3 +143,13 @@ def test_stop_string_ends_the_request_and_frees_blocks(model):
     assert len(seq.output_ids) < 10
     assert stop not in engine.output_text(seq)
     assert engine.runner.cache.num_free_blocks == engine.runner.cache.pool.num_blocks
+
+
+def test_the_engine_forgets_every_finished_or_aborted_request(model):
+    """A long-lived engine (a server, a library loop) must not keep every request it ever ran."""
+    engine = tiny_engine(model, NgramDrafter(), chain(3))
+    seqs = [engine.add_request(prompt, params) for prompt, params in make_requests(4, seed=3)]
+    engine.abort(seqs[0].seq_id)  # still waiting
+    assert seqs[0].finish_reason == "abort"
+    run_all(engine)
+    assert all(seq.is_finished for seq in seqs) and not engine.sequences

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -56,9 +57,9 @@ def _build() -> None:
     flags = ["-O3", "-ffp-contract=off"]  # every FMA is explicit (vec.h): one rounding rule for every row
     if capability.startswith("AVX"):  # AVX512 machines run the AVX2 build: one tested code path on x86
         flags += ["-mavx2", "-mfma", "-mf16c"]
-    # One build folder per source version: two checkouts (or versions) of specdec never rebuild over each
-    # other's objects, or load each other's kernels.
-    digest = hashlib.sha256(" ".join(flags).encode())
+    # One build folder per checkout and source version: two checkouts (or versions) of specdec never rebuild
+    # over each other's objects (ninja tracks the sources' paths), or load each other's kernels.
+    digest = hashlib.sha256(f"{' '.join(flags)}\n{_HERE}".encode())
     for source in (*SOURCES, *HEADERS):
         digest.update((_HERE / source).read_bytes())
     name = f"specdec_cpu_{capability.lower()}_{digest.hexdigest()[:12]}"
@@ -66,8 +67,19 @@ def _build() -> None:
     root = Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec").expanduser()
     build = root / "kernels" / f"torch-{torch.__version__}" / name
     build.mkdir(parents=True, exist_ok=True)
+    _clear_stale_lock(build / "lock")
     cpp_extension.load(name, [str(_HERE / s) for s in SOURCES], extra_cflags=flags, extra_include_paths=[str(_HERE)],
                        build_directory=str(build), is_python_module=False, verbose=False)
+
+
+def _clear_stale_lock(lock: Path, max_age_s: float = 600.0) -> None:
+    """torch's builder waits forever on a lock file that a killed build (Ctrl-C on the first run) left behind;
+    a build takes about a minute, so a lock older than ten minutes belongs to nobody."""
+    try:
+        if time.time() - lock.stat().st_mtime > max_age_s:
+            lock.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, prefix_lens: Tensor,
