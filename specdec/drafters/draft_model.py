@@ -23,7 +23,7 @@ from torch import Tensor
 from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterContext
 from specdec.drafters.heads.draft_folder import alias_of, is_draft_folder, load_draft_folder, shipped_draft_dir
-from specdec.drafters.model_drafter import Feed, ModelDrafter, spare_blocks
+from specdec.drafters.model_drafter import Feed, ModelDrafter, sampled_trees_option, spare_blocks
 from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.runner import Chunk, ModelRunner, Rows
 from specdec.engine.sequence import Sequence
@@ -71,6 +71,13 @@ class DraftModelDrafter(ModelDrafter):
 
 @register("draft")
 def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
+    sampled = sampled_trees_option(args)
+    drafter = _build_draft(args, ctx)
+    drafter.sampled_trees = sampled
+    return drafter
+
+
+def _build_draft(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
     k = int_arg(args, "k", 5)
     layers = args.pop("layers", None)
     model_ref = args.pop("", None)

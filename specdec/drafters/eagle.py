@@ -36,7 +36,7 @@ from specdec.drafters.base import DrafterContext
 from specdec.drafters.heads.draft_folder import alias_of
 from specdec.drafters.heads.eagle_checkpoint import default_feature_layers, load_eagle
 from specdec.drafters.heads.eagle_model import EaglePredictor, paged_attend
-from specdec.drafters.model_drafter import Feed, ModelDrafter, spare_blocks
+from specdec.drafters.model_drafter import Feed, ModelDrafter, sampled_trees_option, spare_blocks
 from specdec.drafters.registry import register, reject_unknown
 from specdec.engine.runner import Chunk, pack
 from specdec.engine.sequence import Sequence
@@ -178,6 +178,7 @@ def shipped_eagle_dir(target_source: str, kind: str = "eagle") -> Path | None:
 
 def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDrafter:
     ref = args.pop("", None)
+    sampled = sampled_trees_option(args)
     reject_unknown(kind, args)
     target: LlamaModel = ctx.target.model
     if ref is None:
@@ -201,7 +202,9 @@ def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDr
             raise ConfigError(f"EAGLE-3 feature layers {layers} do not fit a target of {n} layers")
     if ctx.quantize == "int8":
         quantize_int8_(predictor)
-    return EagleDrafter(predictor, target, ctx.engine, name=kind, feature_layers=layers)
+    drafter = EagleDrafter(predictor, target, ctx.engine, name=kind, feature_layers=layers)
+    drafter.sampled_trees = sampled
+    return drafter
 
 
 @register("eagle")
