@@ -189,9 +189,11 @@ def build(target: str, precision: str) -> LLM:
     compiled attention and norms, the linear kernel used before QLinear)."""
     if precision not in PRECISIONS:
         raise SystemExit(f"unknown precision {precision}; choose from {', '.join(PRECISIONS)}")
-    loaded = load_model(target, "cpu", "float32", show_progress=False)
+    streamed = precision in ("int8", "int4")  # quantized as it loads: a 1.5B target never holds its fp32 weights
+    loaded = load_model(target, "cpu", "float32", show_progress=False,
+                        quantize=precision if streamed else None)
     config = replace(EngineConfig(), adaptive_speculation=False, kv_cache_tokens=4096)
-    if precision != "fp32":
+    if precision != "fp32" and not streamed:
         quantize_model_int8_(loaded.model, bits=4 if precision == "int4" else 8, fbgemm=precision == "int8-fbgemm")
         loaded.quantized = "int4" if precision == "int4" else "int8"
     return LLM.from_loaded(loaded, quantize=loaded.quantized, engine_config=config)

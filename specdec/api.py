@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterator, Sequence as Seq
 
 import torch
@@ -20,8 +20,9 @@ from specdec.drafters.registry import build_drafter
 from specdec.engine.engine import Engine
 from specdec.errors import ConfigError
 from specdec.models.loader import LoadedModel, load_model
-from specdec.engine.outputs import RequestOutput, metrics_of
+from specdec.engine.outputs import RequestOutput, output_of
 from specdec.engine.sequence import Sequence
+from specdec.sampling.seeds import per_sample
 from specdec.tree.spec import TreeSpec, parse_tree_spec
 from specdec.validation import (
     check_drafter_and_tree, check_kv_cache_fits, check_llm_args, check_messages, check_quantize, check_text,
@@ -43,6 +44,7 @@ class StreamDelta:
     output: RequestOutput | None  # the final output, on the last delta
     sources: tuple[str, ...] = ()  # per new token, the drafter(s) that proposed it ("" = the target's own token);
     #                                empty unless several drafters build the trees (hybrid)
+    sample: int = 0  # which of the prompt's `n` samples (SamplingParams.n) this delta belongs to
 
 
 class LLM:
@@ -65,7 +67,9 @@ class LLM:
             num_threads = default_cpu_threads()
         if num_threads:
             torch.set_num_threads(num_threads)
-        loaded = load_model(target, device, dtype, show_progress=show_progress)
+        # int8/int4 quantize as the layers load: a 1.5B model never holds its float32 weights at once
+        loaded = load_model(target, device, dtype, show_progress=show_progress,
+                            quantize=None if quantize == "none" else quantize)
         self._setup(loaded, target, drafter, tree, quantize, engine_config)
 
     @classmethod
@@ -169,12 +173,17 @@ class LLM:
         params: SamplingParams | Seq[SamplingParams] | None = None,
         chat: bool = True,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (continuously batched); outputs come back in prompt order."""
-        finals: dict[int, RequestOutput] = {}
+        """Generate for every prompt (continuously batched); outputs come back in prompt order, one per prompt.
+        A prompt with `n > 1` samples gets its first sample's output, with every sample in `.samples`."""
+        finals: dict[int, dict[int, RequestOutput]] = {}
         for delta in self.stream(prompts, params, chat):
             if delta.finished and delta.output is not None:
-                finals[delta.index] = delta.output
-        return [finals[i] for i in range(len(finals))]
+                finals.setdefault(delta.index, {})[delta.sample] = delta.output
+        outputs = []
+        for i in range(len(finals)):
+            samples = [finals[i][k] for k in sorted(finals[i])]
+            outputs.append(samples[0] if len(samples) == 1 else replace(samples[0], samples=tuple(samples)))
+        return outputs
 
     def stream(
         self,
@@ -190,10 +199,16 @@ class LLM:
         for ids, p in zip(encoded, param_list):  # every request checked before any runs
             engine.check_request(ids, p)
         seqs: list[Sequence] = []
+        index: dict[int, int] = {}
+        sample: dict[int, int] = {}
         try:
-            for ids, p in zip(encoded, param_list):
-                seqs.append(engine.add_request(ids, p))
-            index = {seq.seq_id: i for i, seq in enumerate(seqs)}
+            for i, (ids, p) in enumerate(zip(encoded, param_list)):
+                leader = None
+                for k, one in enumerate(per_sample(p)):  # n samples: n sequences, the later ones share the prompt's
+                    seq = engine.add_request(ids, one, share_prefix_with=leader)  # KV blocks via the prefix cache
+                    leader = leader or seq
+                    seqs.append(seq)
+                    index[seq.seq_id], sample[seq.seq_id] = i, k
             sent_tokens = {seq.seq_id: 0 for seq in seqs}
             sent_chars = {seq.seq_id: 0 for seq in seqs}
             while engine.has_unfinished():
@@ -206,23 +221,16 @@ class LLM:
                     text = engine.output_text(seq)  # decodes only the new tokens
                     delta_text = text[sent_chars[seq.seq_id]:]
                     sent_chars[seq.seq_id] = len(text)
-                    output = self._output(seq) if seq.is_finished else None
+                    output = self._output(seq, sample[seq.seq_id]) if seq.is_finished else None
                     yield StreamDelta(index[seq.seq_id], delta_text, new_ids, len(new_ids), seq.is_finished, output,
-                                      sources)
+                                      sources, sample[seq.seq_id])
         finally:
             for seq in seqs:  # an abandoned stream must not leave requests holding KV blocks
                 if not seq.is_finished:
                     engine.abort(seq.seq_id)
 
-    def _output(self, seq: Sequence) -> RequestOutput:
-        return RequestOutput(
-            request_id=seq.seq_id,
-            prompt_token_ids=list(seq.prompt_ids),
-            text=self.engine.output_text(seq),
-            token_ids=list(seq.output_ids),
-            finish_reason=seq.finish_reason,
-            metrics=metrics_of(seq, time.perf_counter()),
-        )
+    def _output(self, seq: Sequence, sample: int = 0) -> RequestOutput:
+        return output_of(seq, self.engine.output_text(seq), time.perf_counter(), sample, self.engine.token_text)
 
 
 def default_cpu_threads() -> int:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from specdec.cli.common import EXIT_INTERRUPTED, EXIT_PARTIAL, cli_message, err_console, fail, note
+from specdec.cli.records import output_record
 from specdec.errors import ConfigError, SpecdecError
 
 
@@ -253,5 +254,4 @@ def _error_record(item: Item, message: str) -> dict:
 
 
 def _result_record(item: Item, out: Any) -> dict:
-    return {**_base(item), "text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
-            "metrics": out.metrics.to_dict()}
+    return {**_base(item), **output_record(out)}

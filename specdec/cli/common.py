@@ -19,7 +19,9 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 FLAG_FOR_FIELD = {
     "max_new_tokens": "--max-new-tokens", "top_p": "--top-p", "top_k": "--top-k", "max_num_seqs": "--max-concurrency",
     "max_tree_nodes": "--max-tree-nodes", "kv_cache_tokens": "--kv-cache-tokens", "num_threads": "--threads",
-    "prompts_per_category": "--prompts-per-category",
+    "prompts_per_category": "--prompts-per-category", "repetition_penalty": "--repetition-penalty",
+    "frequency_penalty": "--frequency-penalty", "presence_penalty": "--presence-penalty", "min_p": "--min-p",
+    "logit_bias": "--logit-bias", "stop_token_ids": "--stop-token-id", "min_new_tokens": "--min-new-tokens",
 }  # fmt: skip
 _FIELD = re.compile(r"\b(" + "|".join(FLAG_FOR_FIELD) + r")\b")
 

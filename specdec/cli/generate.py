@@ -14,6 +14,7 @@ from typing import Any, Optional
 import typer
 
 from specdec.cli.common import console, err_console, fail, note
+from specdec.cli.records import output_record
 from specdec.errors import SpecdecError
 
 # Colours for --show-acceptance, by how many tokens the target step emitted (1 = nothing accepted).
@@ -34,6 +35,18 @@ def generate(
     top_k: int = typer.Option(0, help="Top-k sampling (0 = off)."),
     seed: Optional[int] = typer.Option(None, help="Seed for reproducible sampling (0 to 2**64 - 1)."),
     stop: list[str] = typer.Option([], help="Stop string (repeatable)."),
+    repetition_penalty: float = typer.Option(1.0, help="Divide (multiply, if negative) the logits of tokens "
+                                                       "already in the prompt or output (1 = off)."),
+    frequency_penalty: float = typer.Option(0.0, help="Subtract this times a token's count in the output, -2..2."),
+    presence_penalty: float = typer.Option(0.0, help="Subtract this from tokens already in the output, -2..2."),
+    min_p: float = typer.Option(0.0, help="Drop tokens less likely than MIN_P times the most likely (0 = off)."),
+    logit_bias: list[str] = typer.Option([], help="TOKEN_ID=BIAS added to that token's logit, -100..100 "
+                                                  "(repeatable)."),
+    stop_token_id: list[int] = typer.Option([], help="A token id that ends generation like EOS (repeatable)."),
+    min_new_tokens: int = typer.Option(0, help="No EOS, stop token or stop string before this many tokens."),
+    logprobs: Optional[int] = typer.Option(None, help="Report each token's logprob and the N most likely "
+                                                      "alternatives (0-20; printed with --json)."),
+    n: int = typer.Option(1, "--n", help="Samples of the prompt, each with its own seed stream."),
     chat: bool = typer.Option(True, help="Apply the model's chat template to the prompt."),
     show_acceptance: bool = typer.Option(False, help="Colour tokens by the target step that accepted them."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
@@ -82,7 +95,12 @@ keeps what finished and --resume finishes the rest; a bad line or prompt becomes
 
             job = open_job(prompts_file, output, resume=resume, overwrite=overwrite)
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                                seed=seed, stop=tuple(stop))
+                                seed=seed, stop=tuple(stop), repetition_penalty=repetition_penalty,
+                                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, min_p=min_p,
+                                logit_bias=parse_logit_bias(logit_bias), stop_token_ids=tuple(stop_token_id),
+                                min_new_tokens=min_new_tokens, logprobs=logprobs, n=n)
+        if job is not None and n > 1:
+            fail("--n is for one prompt; batch mode generates one sample per record")
         config = EngineConfig(max_num_seqs=max_concurrency, adaptive_speculation=adaptive,
                               enable_prefix_caching=prefix_caching, acceptance=acceptance,
                               max_tree_nodes=max_tree_nodes, kv_cache_tokens=kv_cache_tokens,
@@ -96,12 +114,34 @@ keeps what finished and --resume finishes the rest; a bad line or prompt becomes
                 raise typer.Exit(code)
         elif as_json:
             out = llm.generate([prompt], params, chat=chat)[0]
-            print(json.dumps({"text": out.text, "token_ids": out.token_ids, "finish_reason": out.finish_reason,
-                              "metrics": out.metrics.to_dict()}, ensure_ascii=False))
+            record = output_record(out)
+            if out.samples:
+                record["samples"] = [output_record(s) for s in out.samples]
+            print(json.dumps(record, ensure_ascii=False))
+        elif n > 1:
+            for out in llm.generate([prompt], params, chat=chat)[0].samples:
+                err_console.print(f"[dim]--- sample {out.sample_index + 1} of {n} ---[/]")
+                sys.stdout.write(out.text + "\n")
+                sys.stdout.flush()
+                note(stats_line(out))
         else:
             _stream(llm, prompt, params, chat, show_acceptance)
     except SpecdecError as exc:
         fail(str(exc))
+
+
+def parse_logit_bias(items: list[str]) -> dict[int, float]:
+    """`["50256=-100", "13=2.5"]` -> {50256: -100.0, 13: 2.5}; the values are checked by SamplingParams."""
+    bias: dict[int, float] = {}
+    for item in items:
+        token, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            bias[int(token)] = float(value)
+        except ValueError:
+            fail(f"--logit-bias takes TOKEN_ID=BIAS (e.g. 13=2.5), got {item!r}")
+    return bias
 
 
 def load_llm(target: str, device: str, dtype: str, quantize: str | None, drafter: str, tree: str | None,

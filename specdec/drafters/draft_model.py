@@ -3,7 +3,9 @@
 * `draft:<model>`: any model our loaders read that shares the target's tokenizer, with its own paged cache.
 * `draft:layers=N`: an early-exit self-draft: the target's first N layers, final norm and LM head (no extra
   weights at all; its K/V for those layers live in the drafter's own cache).
-* `draft`: the default draft for the target: the shipped distilled 2-layer draft for `smollm2-135m` (early-exit self-draft when none is shipped).
+* `draft`: the default draft for the target: the shipped distilled 2-layer draft for `smollm2-135m`, the
+  registered draft model for an alias that names one (`qwen2.5-coder-0.5b` for `qwen2.5-coder-1.5b`), else an
+  early-exit self-draft.
 
 Chains and trees are drafted by `ModelDrafter` (model_drafter.py); this file gives it the forward.
 
@@ -22,7 +24,7 @@ from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterContext
 from specdec.drafters.heads.draft_folder import alias_of, is_draft_folder, load_draft_folder, shipped_draft_dir
 from specdec.drafters.heads.reduced_vocab import draft_vocab, reduced_from
-from specdec.drafters.model_drafter import Feed, ModelDrafter, spare_blocks
+from specdec.drafters.model_drafter import Feed, ModelDrafter, sampled_trees_option, spare_blocks
 from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.runner import Chunk, ModelRunner, Rows
 from specdec.engine.sequence import Sequence
@@ -72,6 +74,13 @@ class DraftModelDrafter(ModelDrafter):
 
 @register("draft")
 def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
+    sampled = sampled_trees_option(args)
+    drafter = _build_draft(args, ctx)
+    drafter.sampled_trees = sampled
+    return drafter
+
+
+def _build_draft(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
     k = int_arg(args, "k", 5)
     vocab = int_arg(args, "vocab", 0, minimum=0)
     layers = args.pop("layers", None)
@@ -85,6 +94,7 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
         shipped = shipped_draft_dir(ctx.target.source)
         if shipped is not None:
             return _drafter(_layers_only_draft(shipped, ctx), ctx, k, vocab)
+        model_ref = default_draft_model(ctx.target.source)  # qwen2.5-coder-1.5b drafts with its 0.5B sibling
     if model_ref is None:
         n = DEFAULT_EARLY_EXIT_LAYERS if layers is None else _layers(layers, target.config.num_layers)
         if vocab:
@@ -93,14 +103,15 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
         return DraftModelDrafter(target, ctx.engine, k=k, num_layers=n)
     if is_draft_folder(model_ref):
         return _drafter(_layers_only_draft(Path(model_ref).expanduser(), ctx), ctx, k, vocab)
-    draft = load_model(model_ref, ctx.device, ctx.dtype, show_progress=True)
+    # int8: quantized as it loads, by the target's policy (our kernels' QLinear where they are built)
+    draft = load_model(model_ref, ctx.device, ctx.dtype, show_progress=True, quantize=ctx.quantize)
     check_same_tokenizer(ctx.target.tokenizer, draft.tokenizer, model_ref)
-    if ctx.quantize == "int8" and not vocab:
+    if ctx.quantize == "int8" and draft.quantized is None:  # CUDA or a non-float32 dtype: as before
         quantize_int8_(draft.model)
-    return _drafter(draft.model, ctx, k, vocab, quantize_all=True)
+    return _drafter(draft.model, ctx, k, vocab)
 
 
-def _drafter(draft: LlamaModel, ctx: DrafterContext, k: int, vocab: int, quantize_all: bool = False) -> DraftModelDrafter:
+def _drafter(draft: LlamaModel, ctx: DrafterContext, k: int, vocab: int) -> DraftModelDrafter:
     """The drafter, with its head cut to the `vocab` most frequent target tokens when asked (the draft then has
     a head of its own, int8 with an int8 target; the target's head is never touched)."""
     if not vocab:
@@ -109,8 +120,16 @@ def _drafter(draft: LlamaModel, ctx: DrafterContext, k: int, vocab: int, quantiz
     reduced = reduced_from(draft, ids).to(ctx.device, draft.dtype)
     draft.lm_head = reduced
     if ctx.quantize == "int8":
-        quantize_int8_(draft if quantize_all else reduced)
+        quantize_int8_(reduced)
     return DraftModelDrafter(draft, ctx.engine, k=k, ids=reduced.ids)
+
+
+def default_draft_model(target_source: str) -> str | None:
+    """The draft model alias registered for the target (specdec/models/aliases.py), if any."""
+    from specdec.models import registry
+
+    alias = alias_of(target_source)
+    return registry.default_draft(alias) if alias is not None else None
 
 
 def _layers_only_draft(folder: Path, ctx: DrafterContext) -> LlamaModel:

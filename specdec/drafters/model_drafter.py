@@ -17,8 +17,10 @@ which candidates become nodes. After drafting, the cache is truncated back to th
 rejected draft leaves nothing behind.
 
 At temperature > 0 chains *sample* each token from the draft distribution (after the request's own
-temperature/top-k/top-p) and pass that distribution on, so rejection sampling stays lossless; tree nodes are
-top-k, deterministic, and the verifier treats them as one-hot proposals: lossless either way.
+temperature/top-k/min_p/top-p) and pass that distribution on, so rejection sampling stays lossless. Trees are
+top-k, deterministic (the verifier treats them as one-hot proposals), unless `sampled_trees` is set: then a
+sampled request's tree draws each node's children without replacement from the draft distribution and passes
+those rows on (`specdec.tree.sampled`). Lossless either way; greedy requests always get top-k trees.
 """
 
 from __future__ import annotations
@@ -31,9 +33,11 @@ from torch import Tensor
 from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterBase
 from specdec.engine.sequence import Sequence
+from specdec.errors import ConfigError
 from specdec.kvcache import BlockTable, PagedKVCache
 from specdec.sampling import sample, target_probs
 from specdec.tree.growth import TreeGrowth
+from specdec.tree.sampled import SampledGrowth
 from specdec.tree.spec import TreeKind, TreeSpec
 from specdec.tree.token_tree import TokenTree
 
@@ -50,6 +54,19 @@ class Feed:
     outputs: int | None = None  # trailing rows whose outputs are needed (None = all)
 
 
+TREE_MODES = ("sampled", "topk")
+DEFAULT_TREE_MODE = "topk"
+
+
+def sampled_trees_option(args: dict[str, str]) -> bool:
+    """The `trees=` drafter option: `sampled` (stochastic trees at T > 0) or `topk` (one-hot trees)."""
+    mode = args.pop("trees", DEFAULT_TREE_MODE)
+    if mode not in TREE_MODES:
+        raise ConfigError(f"drafter option trees must be 'sampled' (children drawn from the draft distribution at "
+                          f"T > 0) or 'topk' (deterministic top-k children), got '{mode}'")
+    return mode == "sampled"
+
+
 def spare_blocks(engine: EngineConfig) -> int:
     """Blocks a drafter's own cache needs beyond the target's: every running sequence's draft tree."""
     return engine.max_num_seqs * (-(-engine.max_tree_nodes // engine.block_size) + 1)
@@ -60,6 +77,7 @@ class ModelDrafter(DrafterBase):
 
     cache: PagedKVCache
     feeds_parent_outputs = False  # EAGLE: a node's input row is its parent's output
+    sampled_trees = False  # sampled requests: children drawn from q without replacement (else top-k, one-hot)
 
     # ----------------------------------------------------------------------------------------- hooks
     def _catch_up(self, seqs: list[Sequence]) -> list[Feed]:
@@ -93,7 +111,7 @@ class ModelDrafter(DrafterBase):
         elif spec.kind is TreeKind.CHAIN:
             trees = self._chains(seqs, tables, root, spec.depth)
         else:
-            trees = self._trees(seqs, tables, root, spec)
+            trees = self._split_trees(seqs, tables, root, spec)
         for table, length in zip(tables, committed):
             self.cache.truncate(table, length)
         return trees
@@ -145,21 +163,59 @@ class ModelDrafter(DrafterBase):
             trees.append(TokenTree.chain([seq.last_token] + drafted[i], rows))
         return trees
 
+    def _split_trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor,
+                     spec: TreeSpec) -> list[TokenTree]:
+        """Top-k trees for greedy requests; with `sampled_trees`, stochastic trees for sampled ones."""
+        sampled = [i for i, seq in enumerate(seqs) if self.sampled_trees and not seq.params.greedy]
+        if not sampled:
+            return self._trees(seqs, tables, root, spec)
+        topk = [i for i in range(len(seqs)) if i not in set(sampled)]
+        trees: list[TokenTree | None] = [None] * len(seqs)
+        for group, grow in ((topk, self._trees), (sampled, self._sampled_trees)):
+            if group:
+                made = grow([seqs[i] for i in group], [tables[i] for i in group], root[torch.tensor(group)], spec)
+                for i, tree in zip(group, made):
+                    trees[i] = tree
+        return trees  # type: ignore[return-value]
+
     def _trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor, spec: TreeSpec) -> list[TokenTree]:
-        """Grow every sequence's tree depth by depth: one batched draft forward per depth."""
+        """Top-k trees (`tree.growth` picks the candidates), grown depth by depth."""
         growths = [TreeGrowth(seq.last_token, spec) for seq in seqs]
-        node_out = [root[i: i + 1] for i in range(len(seqs))]  # per sequence: outputs of its nodes so far
-        frontier = root
-        active = list(range(len(seqs)))
-        while active:
-            logits, ids = self._logits(frontier)
+
+        def expand(logits: Tensor, ids: Tensor | None, members: list[tuple[int, int, int]]) -> None:
             top = torch.log_softmax(logits.float(), dim=-1).topk(min(spec.topk, logits.shape[-1]), dim=-1)
             top_ids = ids[top.indices] if ids is not None else top.indices
-            row = 0
+            for i, start, n in members:
+                growths[i].expand(top.values[start: start + n], top_ids[start: start + n])
+
+        return self._grow(growths, tables, root, expand)
+
+    def _sampled_trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor,
+                       spec: TreeSpec) -> list[TokenTree]:
+        """Stochastic trees: children drawn without replacement from the processed draft distribution."""
+        growths = [SampledGrowth(seq.last_token, spec) for seq in seqs]
+
+        def expand(logits: Tensor, ids: Tensor | None, members: list[tuple[int, int, int]]) -> None:
+            for i, start, n in members:
+                q = target_probs(self._full_vocab(logits[start: start + n], ids), seqs[i].params)
+                growths[i].expand(q, seqs[i].generator)
+
+        return self._grow(growths, tables, root, expand)
+
+    def _grow(self, growths: list, tables: list[BlockTable], root: Tensor, expand) -> list[TokenTree]:
+        """Grow every sequence's tree depth by depth: one batched draft forward per depth. `expand(logits, ids,
+        members)` adds children under each member's frontier; members are (sequence, first row, rows)."""
+        node_out = [root[i: i + 1] for i in range(len(growths))]  # per sequence: outputs of its nodes so far
+        frontier = root
+        active = [i for i in range(len(growths)) if not growths[i].done]
+        while active:
+            logits, ids = self._logits(frontier)
+            members, row = [], 0
             for i in active:
                 n = len(growths[i].frontier)
-                growths[i].expand(top.values[row: row + n], top_ids[row: row + n])
+                members.append((i, row, n))
                 row += n
+            expand(logits, ids, members)
             active = [i for i in active if not growths[i].done]
             if not active:
                 break
@@ -176,7 +232,7 @@ class ModelDrafter(DrafterBase):
             frontier = torch.cat(rows)
         return [g.tree() for g in growths]
 
-    def _tree_feed(self, growth: TreeGrowth, table: BlockTable, node_out: Tensor) -> Feed:
+    def _tree_feed(self, growth: TreeGrowth | SampledGrowth, table: BlockTable, node_out: Tensor) -> Feed:
         """The drafted nodes so far as new rows after the committed ones (the root is the last committed row)."""
         tree = growth.partial()
         inputs = None

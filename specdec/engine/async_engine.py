@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Callable
 
 from specdec.config import SamplingParams
 from specdec.engine.engine import Engine
-from specdec.engine.outputs import RequestOutput, metrics_of
+from specdec.engine.outputs import RequestOutput, output_of
 from specdec.engine.sequence import Sequence
 from specdec.errors import SpecdecError
 
@@ -54,6 +54,7 @@ class RequestDelta:
     num_tokens: int  # tokens generated since the previous delta (they may carry no text yet)
     time: float  # perf_counter when the engine step that produced this delta ended
     output: RequestOutput | None = None  # set on the last delta: the whole result, with metrics
+    logprobs: tuple = ()  # with params.logprobs: (the new tokens' TokenLogprobs, {token id: its text})
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class _Request:
     sent_tokens: int = 0
     aborted: bool = False
     submitted: float = field(default_factory=time.perf_counter)
+    leader: Sequence | None = None  # a sibling sample whose prompt blocks this one reuses
 
     def reply(self, item: Any) -> bool:
         """Hand an item to the caller's loop; False when that loop is gone (the caller can never read it)."""
@@ -207,10 +209,15 @@ class AsyncEngine:
             return self._pending + self.stats.waiting
 
     # ------------------------------------------------------------------------------------------- callers
-    async def submit(self, prompt: Any, params: SamplingParams, chat: bool = True) -> RequestStream:
-        """Queue a request; returns once the engine accepted it (bad prompts raise `SpecdecError` here)."""
+    async def submit(self, prompt: Any, params: SamplingParams, chat: bool = True,
+                     share_prefix_with: RequestStream | None = None) -> RequestStream:
+        """Queue a request; returns once the engine accepted it (bad prompts raise `SpecdecError` here).
+        `share_prefix_with`: an accepted request of the same prompt (another of its n samples), whose prompt
+        blocks this one reuses through the prefix cache."""
         loop = asyncio.get_running_loop()
         request = _Request(prompt, params, chat, loop)
+        if share_prefix_with is not None:
+            request.leader = share_prefix_with._request.seq
         request.accepted = loop.create_future()
         with self._lock:
             if self._stopping:
@@ -279,7 +286,7 @@ class AsyncEngine:
                 return
             try:
                 ids = self.encode(request.prompt, request.chat)
-                seq = self.engine.add_request(ids, request.params)
+                seq = self.engine.add_request(ids, request.params, share_prefix_with=request.leader)
             except SpecdecError as exc:
                 request.settle(exc)
                 return
@@ -299,10 +306,15 @@ class AsyncEngine:
     def _deliver(self, request: _Request, seq: Sequence, now: float) -> None:
         text = request.deltas(self.engine.output_text(seq))
         n = len(seq.output_ids) - request.sent_tokens
+        logprobs: tuple = ()
+        if seq.params.logprobs is not None:  # the new tokens' logprobs, named on this (the tokenizer's) thread
+            new = seq.logprobs[request.sent_tokens:]
+            ids = {lp.token_id for lp in new} | {t for lp in new for t, _ in lp.top}
+            logprobs = (tuple(new), {t: self.engine.token_text(t) for t in ids})
         request.sent_tokens = len(seq.output_ids)
         if seq.is_finished:
-            request.reply(RequestDelta(text, n, now, self._forget(request, now)))
-        elif (text or n) and not request.reply(RequestDelta(text, n, now)):
+            request.reply(RequestDelta(text, n, now, self._forget(request, now), logprobs))
+        elif (text or n) and not request.reply(RequestDelta(text, n, now, logprobs=logprobs)):
             self.engine.abort(seq.seq_id)  # its caller's event loop is gone: nobody will read the rest
             self._forget(request, now)
 
@@ -310,8 +322,7 @@ class AsyncEngine:
         """Drop a finished or aborted request from every table (the engine keeps no finished sequences)."""
         seq = request.seq
         self._live.pop(seq.seq_id, None)
-        output = RequestOutput(seq.seq_id, list(seq.prompt_ids), self.engine.output_text(seq), list(seq.output_ids),
-                               seq.finish_reason, metrics_of(seq, now))
+        output = output_of(seq, self.engine.output_text(seq), now, token_text=self.engine.token_text)
         for callback in self.on_finish:
             try:
                 callback(output)

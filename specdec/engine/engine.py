@@ -27,9 +27,11 @@ from specdec.engine.runner import Chunk, ChunkOutput, ModelRunner, Rows
 from specdec.engine.scheduler import ScheduledBatch, Scheduler, prefill_target
 from specdec.engine.sequence import Sequence, Status
 from specdec.engine.stopping import StopRules, TextState
-from specdec.errors import OutOfBlocksError, PromptTooLongError
+from specdec.errors import ConfigError, OutOfBlocksError, PromptTooLongError
 from specdec.models.llama import LlamaModel
 from specdec.sampling import make_generator, sample, target_probs
+from specdec.sampling.logprobs import token_logprobs
+from specdec.sampling.processors import processed_rows
 from specdec.tree.spec import TreeSpec
 from specdec.tree.token_tree import TokenTree
 from specdec.verifier import VerifyResult, verify_greedy_batch
@@ -58,6 +60,7 @@ class Engine:
                                          prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.runner.cache)
         self.max_len = model.config.max_position
+        self.vocab_size = model.config.vocab_size
         eos = set(model.config.eos_token_ids)
         if getattr(tokenizer, "eos_token_id", None) is not None:
             eos.add(int(tokenizer.eos_token_id))
@@ -74,10 +77,17 @@ class Engine:
         return self.stops.eos_ids
 
     # ----------------------------------------------------------------------------------------------- requests
-    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+    def add_request(self, prompt_ids: list[int], params: SamplingParams,
+                    share_prefix_with: Sequence | None = None) -> Sequence:
+        """Queue one sequence. `share_prefix_with`: an earlier sequence of the same prompt (another of its `n`
+        samples); this one waits until that one's prompt is in the cache, then reuses its full blocks through
+        the prefix cache instead of computing them again."""
+        if params.n != 1:
+            raise ConfigError("the engine runs one sample per sequence: expand n with "
+                              "specdec.sampling.seeds.per_sample (LLM.generate and the server do)", field="n")
         self.check_request(prompt_ids, params)
         seq = Sequence(next(self._ids), list(prompt_ids), params, make_generator(params.seed, self.runner.device),
-                       text=TextState())
+                       text=TextState(), prefix_leader=share_prefix_with)
         self._rules[seq.seq_id] = rule_for(params, self.config)
         self.sequences[seq.seq_id] = seq
         self.scheduler.add(seq)
@@ -86,6 +96,12 @@ class Engine:
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raise what `add_request` would raise for this request, adding nothing (batch callers check each
         record first, so one bad record does not stop the rest)."""
+        vocab = self.vocab_size
+        for name, ids in (("logit_bias", [t for t, _ in params.logit_bias]), ("stop_token_ids", params.stop_token_ids)):
+            bad = next((t for t in ids if t >= vocab), None)
+            if bad is not None:
+                raise ConfigError(f"{name}: token id {bad} is outside the model's vocabulary (0 to {vocab - 1})",
+                                  field=name)
         if not prompt_ids:
             raise PromptTooLongError("the prompt is empty: give at least one token")
         if len(prompt_ids) >= self.max_len:
@@ -119,13 +135,17 @@ class Engine:
         timing.proposed = time.perf_counter()
         prefill_outs, tree_outs = self._forward(batch, trees)
         touched = self._finish_prefills(batch, prefill_outs)
-        results = self._verify(batch.decodes, trees, tree_outs)
+        rows = self._processed(batch.decodes, trees, tree_outs)
+        results = self._verify(batch.decodes, trees, rows, tree_outs)
         self._commit(batch.decodes, trees, tree_outs, results, timing)
         timing.committed = time.perf_counter()
         self._observe(batch, trees, results, timing)
-        for seq, result in zip(batch.decodes, results):
-            # tau counts the tokens a step emitted, not those a stop cut off after it
-            seq.metrics.step_accepts.append(self._emit(seq, result.tokens))
+        for seq, result, row in zip(batch.decodes, results, rows):
+            kept = self._emit(seq, result.tokens)
+            seq.metrics.step_accepts.append(kept)  # tau counts the tokens a step emitted, not those a stop cut off
+            if seq.params.logprobs is not None and kept:
+                seq.logprobs.extend(token_logprobs(row[result.accepted_nodes[:kept]], result.tokens[:kept],
+                                                   seq.params))
             touched.append(seq)
         return touched
 
@@ -197,20 +217,30 @@ class Engine:
         return touched
 
     def _first_token(self, seq: Sequence, logits: Tensor) -> int:
-        if seq.params.greedy:
-            return int(logits.argmax())
-        return sample(target_probs(logits[None], seq.params)[0], seq.generator)
+        params = seq.params
+        row = processed_rows(logits[None], params, seq.prompt_ids, seq.output_ids, None, self.eos_ids)
+        token = int(row[0].argmax()) if params.greedy else sample(target_probs(row, params)[0], seq.generator)
+        if params.logprobs is not None:
+            seq.logprobs.extend(token_logprobs(row, [token], params))
+        return token
 
-    def _verify(self, seqs: list[Sequence], trees: list[TokenTree], outs: list[ChunkOutput]) -> list[VerifyResult]:
+    def _processed(self, seqs: list[Sequence], trees: list[TokenTree], outs: list[ChunkOutput]) -> list[Tensor]:
+        """Each tree's target logits with the controls that depend on the tokens before a row (penalties,
+        logit_bias, min_new_tokens) applied per node, from the committed tokens plus the node's path."""
+        return [processed_rows(out.logits, seq.params, seq.prompt_ids, seq.output_ids, tree, self.eos_ids)
+                for seq, tree, out in zip(seqs, trees, outs)]
+
+    def _verify(self, seqs: list[Sequence], trees: list[TokenTree], rows: list[Tensor],
+                outs: list[ChunkOutput]) -> list[VerifyResult]:
         """Greedy sequences in one batched pass; sampled ones by their rule, each with its own generator."""
         results: list[VerifyResult | None] = [None] * len(seqs)
         greedy = [i for i, seq in enumerate(seqs) if self._rules[seq.seq_id] is Rule.GREEDY]
-        for i, result in zip(greedy, verify_greedy_batch([trees[i] for i in greedy], [outs[i].logits for i in greedy])):
+        for i, result in zip(greedy, verify_greedy_batch([trees[i] for i in greedy], [rows[i] for i in greedy])):
             results[i] = result
         for i, seq in enumerate(seqs):
             if results[i] is None:
                 verify = sampled_rule(self._rules[seq.seq_id], self.config)
-                results[i] = verify(trees[i], outs[i].logits, seq.params, seq.generator)
+                results[i] = verify(trees[i], rows[i], seq.params, seq.generator)
         if self.drafter.needs_features:
             results = [replace(r, hidden=out.hidden[r.accepted_nodes]) for r, out in zip(results, outs)]
         return results  # type: ignore[return-value]
@@ -287,6 +317,10 @@ class Engine:
         self.drafter.release([seq])
         self._rules.pop(seq.seq_id, None)
         self.sequences.pop(seq.seq_id, None)  # the caller holds it; a long-lived engine must not keep every request
+
+    def token_text(self, token: int) -> str:
+        """One token's own text, special tokens included (what logprobs name a token by)."""
+        return self.stops.tokenizer.decode([token], skip_special_tokens=False)
 
     def output_text(self, seq: Sequence) -> str:
         """The request's text so far (up to a matched stop string), decoding only what is new."""

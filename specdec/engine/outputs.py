@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from specdec.engine.sequence import Sequence
+from specdec.sampling.logprobs import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -34,10 +36,36 @@ class RequestOutput:
     token_ids: list[int]  # generated tokens only
     finish_reason: str | None  # "stop" (EOS or a stop string), "length", "abort", or None while running
     metrics: RequestMetrics
+    # per generated token, under the processed distribution it was drawn from; None unless params.logprobs is set
+    logprobs: list[TokenLogprob] | None = None
+    sample_index: int = 0  # which of the prompt's `n` samples this is
+    samples: tuple["RequestOutput", ...] = ()  # with n > 1: every sample (this one first); () when n == 1
+    token_texts: dict[int, str] = field(default_factory=dict)  # with logprobs: the text of every token they name
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+def output_of(seq: Sequence, text: str, now: float, sample_index: int = 0,
+              token_text: Callable[[int], str] | None = None) -> RequestOutput:
+    """One sequence's output as the user sees it (the text comes from the engine's detokenizer). `token_text`
+    names the tokens of the logprobs; it runs on the thread that owns the tokenizer."""
+    texts = {}
+    if token_text is not None and seq.params.logprobs is not None:
+        ids = {lp.token_id for lp in seq.logprobs} | {t for lp in seq.logprobs for t, _ in lp.top}
+        texts = {t: token_text(t) for t in sorted(ids)}
+    return RequestOutput(
+        request_id=seq.seq_id,
+        prompt_token_ids=list(seq.prompt_ids),
+        text=text,
+        token_ids=list(seq.output_ids),
+        finish_reason=seq.finish_reason,
+        metrics=metrics_of(seq, now),
+        logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+        sample_index=sample_index,
+        token_texts=texts,
+    )
 
 
 def metrics_of(seq: Sequence, now: float) -> RequestMetrics:

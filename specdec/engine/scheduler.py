@@ -101,6 +101,8 @@ class Scheduler:
             return batch
         while self.waiting and len(self.running) < self.config.max_num_seqs and budget > 0:
             seq = self.waiting[0]
+            if self._leader_prefilling(seq):  # a sibling sample: admitted once its prompt blocks are cached
+                break
             hit = self._match_prefix(seq)
             chunk = min(prefill_target(seq) - seq.num_computed, self.config.prefill_chunk, budget)
             last = seq.num_computed + chunk == prefill_target(seq)
@@ -117,6 +119,15 @@ class Scheduler:
             self.running.append(seq)
             reserved, budget = self._schedule_prefill(seq, batch, reserved, budget)
         return batch
+
+    def _leader_prefilling(self, seq: Sequence) -> bool:
+        leader = seq.prefix_leader
+        if leader is None or self.cache.prefix is None:
+            return False
+        if leader.is_finished or leader.num_computed >= len(leader.prompt_ids) or leader in self.waiting:
+            seq.prefix_leader = None  # done (or preempted: waiting for it could wait for ever)
+            return False
+        return True
 
     def _match_prefix(self, seq: Sequence) -> int:
         """Reuse cached K/V for the start of a new (or recomputed) sequence; at least one token is left to compute,

@@ -18,6 +18,7 @@ import torch
 from specdec.config import SamplingParams
 from specdec.engine.stopping import TextState
 from specdec.kvcache import BlockTable
+from specdec.sampling.logprobs import TokenLogprob
 
 State = TypeVar("State")
 
@@ -82,6 +83,8 @@ class Sequence:
     metrics: SequenceMetrics = field(default_factory=SequenceMetrics)
     drafter_state: DrafterSlots = field(default_factory=DrafterSlots)  # owned by the drafters
     text: TextState | None = None  # output text, decoded incrementally (made by the engine)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # one per output token when params.logprobs is set
+    prefix_leader: "Sequence | None" = None  # a sibling sample whose prompt prefill this one waits for
 
     @property
     def num_computed(self) -> int:

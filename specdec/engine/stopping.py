@@ -69,13 +69,16 @@ class StopRules:
             output_ids.append(token)
             kept += 1
             reason = None
-            if token in self.eos_ids and not params.ignore_eos:
+            early = len(output_ids) <= params.min_new_tokens  # this token is among the first min_new_tokens
+            if (token in self.eos_ids and not params.ignore_eos or token in params.stop_token_ids) and not early:
                 reason = "stop"
             elif len(output_ids) >= params.max_new_tokens or prompt_len + len(output_ids) >= self.max_len:
                 reason = "length"
             if params.stop:
                 self.decode(state, output_ids, final=reason is not None)
-                if self._hit_stop_string(state, params.stop):
+                if early and reason is None:  # min_new_tokens: stop strings count only once they end later
+                    state.checked = len(state.text)
+                elif self._hit_stop_string(state, params.stop):
                     reason = "stop"
             if reason is not None:
                 return kept, reason
@@ -86,10 +89,10 @@ class StopRules:
 
     @staticmethod
     def _hit_stop_string(state: TextState, stops: tuple[str, ...]) -> bool:
-        longest = max(len(s) for s in stops)
-        start = max(0, state.checked - longest + 1)
+        checked = state.checked
         state.checked = len(state.text)
-        hits = [i for i in (state.text.find(s, start) for s in stops) if i >= 0]
+        # each stop string is searched from where an occurrence ending in the new text could start
+        hits = [i for i in (state.text.find(s, max(0, checked - len(s) + 1)) for s in stops) if i >= 0]
         if not hits:
             return False
         state.end = min(hits)

@@ -2,7 +2,9 @@
 
 Loading a GGUF through transformers dequantizes every tensor and rebuilds the tokenizer on every load
 (~35 s for SmolLM2-135M). We do that work once and keep the result as an ordinary HF folder
-(`model.safetensors` in float32, `config.json`, tokenizer files), which then loads in about a second.
+(`model.safetensors` in float32, or bfloat16 for large models, `config.json`, tokenizer files), which then
+loads in about a second. Tensors are converted one at a time (specdec/models/gguf_tensors.py), so a 1.5B
+model converts in about the memory of its GGUF file.
 
 The folder is assembled in a hidden sibling directory and renamed into place at the end, so a crash or
 Ctrl-C never leaves a half-written model behind. Heavy imports (torch, transformers, gguf) happen inside
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -24,6 +27,7 @@ from typing import Any
 
 from specdec.errors import CorruptModelError, ModelLoadError, UnsupportedModelError
 from specdec.models.cache import cache_root
+from specdec.models.gguf_tensors import plan_tensors, write_safetensors
 
 # Bump when the folder layout or tensor conversion changes: cached folders with an older version are
 # converted again.
@@ -44,6 +48,8 @@ def convert_gguf(
     *,
     source_info: dict[str, Any] | None = None,
     expected_sha256: str | None = None,
+    store_dtype: str = "float32",
+    eos_token_ids: tuple[int, ...] = (),
 ) -> Path:
     """Convert `gguf_path` into an HF folder at `out_dir` (replacing it atomically) and return `out_dir`.
 
@@ -51,8 +57,12 @@ def convert_gguf(
     Raises `ModelLoadError` when the file is not a readable GGUF, `UnsupportedModelError` when its
     architecture is not llama-family, and `CorruptModelError` (writing nothing) when its sha256 is not
     `expected_sha256` or a tensor holds NaN or Inf values: a damaged file must never become a cached model
-    that quietly generates token 0.
+    that quietly generates token 0. `store_dtype` ("float32" or "bfloat16") is the weights' precision on
+    disk; `eos_token_ids`, when given, replaces the config's stop token(s) (Qwen ends chat turns with one token
+    and documents with another).
     """
+    if store_dtype not in ("float32", "bfloat16"):
+        raise ModelLoadError(f"cannot store converted weights as {store_dtype!r}; use float32 or bfloat16")
     gguf_path = Path(gguf_path).expanduser().resolve()
     out_dir = Path(out_dir).expanduser().absolute()
     started = time.perf_counter()
@@ -73,19 +83,22 @@ def convert_gguf(
                 f"{expected_sha256}. The file is damaged or altered; download it again"
             )
 
-        stages.start("dequantizing", total=len(reader.tensors))
-        state_dict = _dequantize(reader, architecture, config, gguf_path, stages.advance)
+        plan = plan_tensors(reader, architecture, config, gguf_path)
+        if eos_token_ids:
+            config.eos_token_id = list(eos_token_ids)
 
         stages.start("converting tokenizer")
         tokenizer = _read_tokenizer(gguf_path, config)
 
-        stages.start("writing safetensors")
+        stages.start(f"dequantizing to {store_dtype}", total=len(plan))
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_partials(out_dir)
         tmp = out_dir.parent / f".{out_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             tmp.mkdir()
-            _write_folder(tmp, state_dict, config, tokenizer)
+            tensors = functools.partial(write_safetensors, plan=plan, dtype=store_dtype, architecture=architecture,
+                                        config=config, gguf_path=gguf_path, advance=stages.advance)
+            _write_folder(tmp, tensors, config, tokenizer, store_dtype)
             source = {
                 "source_file": gguf_path.name,
                 "source_path": str(gguf_path),
@@ -95,6 +108,7 @@ def convert_gguf(
                 "gguf_architecture": architecture,
                 "gguf_file_type": _file_type_name(reader),
                 "tie_word_embeddings": bool(config.tie_word_embeddings),
+                "store_dtype": store_dtype,
                 "converted_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 **(source_info or {}),
             }
@@ -200,69 +214,6 @@ def _read_config(gguf_path: Path):
     return config
 
 
-def _dequantize(reader, architecture: str, config, gguf_path: Path, advance) -> dict:
-    """Float32 state dict under transformers' names, with llama.cpp's q/k row permutation undone."""
-    import numpy as np
-    import torch
-    from gguf import MODEL_ARCH_NAMES, dequantize, get_tensor_name_map
-    from transformers import AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    config.architectures = [type(model).__name__]
-    expected = list(model.state_dict())
-    arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == architecture)
-    name_map = get_tensor_name_map(arch, config.num_hidden_layers)
-    gguf_to_hf = {}
-    for hf_name in expected:
-        base, _, suffix = hf_name.rpartition(".")
-        gguf_name = name_map.get_name(base)
-        if gguf_name is not None:
-            gguf_to_hf[f"{gguf_name}.{suffix}"] = hf_name
-
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config.to_dict())
-    state_dict = {}
-    for tensor in reader.tensors:
-        hf_name = gguf_to_hf.get(tensor.name)
-        if hf_name is not None:
-            try:
-                weights = dequantize(tensor.data, tensor.tensor_type)
-            except Exception as e:
-                raise ModelLoadError(
-                    f"cannot read GGUF file {gguf_path}: cannot dequantize {tensor.name} "
-                    f"({tensor.tensor_type.name}): {e}"
-                ) from e
-            weights = processor.process(weights=weights, name=tensor.name).weights
-            weights = np.require(weights, dtype=np.float32, requirements=["C", "W"])
-            finite = np.isfinite(weights)
-            if not finite.all():
-                bad = int(finite.size - np.count_nonzero(finite))
-                raise CorruptModelError(
-                    f"cannot convert GGUF file {gguf_path}: tensor {tensor.name} holds {bad:,} NaN/Inf value(s) "
-                    f"of {finite.size:,}. The file is corrupt (a damaged download or disk); get a fresh copy"
-                )
-            state_dict[hf_name] = torch.from_numpy(weights)
-        advance()
-
-    if config.tie_word_embeddings:
-        expected = [k for k in expected if k != "lm_head.weight"]
-    missing = [k for k in expected if k not in state_dict]
-    if missing:
-        raise ModelLoadError(
-            f"cannot read GGUF file {gguf_path}: it lacks {len(missing)} tensor(s) the model needs, "
-            f"e.g. {', '.join(missing[:3])}"
-        )
-    for name, tensor in state_dict.items():
-        want = model.get_parameter(name).shape
-        if tensor.shape != want:
-            raise ModelLoadError(
-                f"cannot read GGUF file {gguf_path}: tensor {name} has shape {tuple(tensor.shape)}, "
-                f"the config implies {tuple(want)}"
-            )
-    return state_dict
-
-
 def _read_tokenizer(gguf_path: Path, config):
     from transformers import AutoTokenizer
 
@@ -285,14 +236,13 @@ def _sha256(path: Path) -> str:
 # --- writing -------------------------------------------------------------------------------------------
 
 
-def _write_folder(folder: Path, state_dict: dict, config, tokenizer) -> None:
+def _write_folder(folder: Path, write_tensors, config, tokenizer, store_dtype: str = "float32") -> None:
     import torch
-    from safetensors.torch import save_file
     from transformers import GenerationConfig
 
-    config.dtype = torch.float32
+    config.dtype = getattr(torch, store_dtype)
     weights = folder / "model.safetensors"
-    save_file(state_dict, str(weights), metadata={"format": "pt"})
+    write_tensors(weights)
     config.save_pretrained(folder)
     weights.chmod((folder / "config.json").stat().st_mode & 0o777)  # safetensors writes 0600
     GenerationConfig.from_model_config(config).save_pretrained(folder)

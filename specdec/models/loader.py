@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,8 +104,8 @@ def _download_from_hub(repo_id: str) -> Path:
     return Path(folder)
 
 
-def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a folder's safetensors files (single file or sharded with an index)."""
+def weight_files(folder: Path) -> list[str]:
+    """The safetensors file names of a folder (single file or sharded with an index)."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -113,29 +113,39 @@ def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
         files = sorted(p.name for p in folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder} holds no .safetensors weights")
+    return files
+
+
+def load_state_dict(folder: Path, keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of a folder's safetensors files (all of them, or those whose name `keep` accepts)."""
     tensors: dict[str, torch.Tensor] = {}
-    for name in files:
+    for name in weight_files(folder):
         try:
             with safe_open(str(folder / name), framework="pt") as handle:
                 for key in handle.keys():
-                    tensors[key] = handle.get_tensor(key)
+                    if keep is None or keep(key):
+                        tensors[key] = handle.get_tensor(key)
         except Exception as exc:
             raise ModelLoadError(f"cannot read weights {folder / name}: {exc}") from None
     return tensors
 
 
-def to_engine_weights(hf: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Rename transformers' parameter names to ours, fusing q/k/v and gate/up projections."""
+def to_engine_weights(hf: dict[str, torch.Tensor], config: ModelConfig, layers: Iterable[int] | None = None,
+                      top: bool = True) -> dict[str, torch.Tensor]:
+    """Rename transformers' parameter names to ours, fusing q/k/v and gate/up projections. `layers` (default
+    all) and `top` (embedding, final norm, LM head) pick a part of the model, for loading it piece by piece."""
     def take(key: str) -> torch.Tensor:
         full = key if key in hf else f"model.{key}"
         if full not in hf:
             raise ModelLoadError(f"checkpoint lacks the tensor '{full}'")
         return hf[full]
 
-    out = {"embed_tokens.weight": take("embed_tokens.weight"), "norm.weight": take("norm.weight")}
-    if not config.tie_embeddings:
-        out["lm_head.weight"] = hf.get("lm_head.weight", out["embed_tokens.weight"])
-    for i in range(config.num_layers):
+    out = {}
+    if top:
+        out.update({"embed_tokens.weight": take("embed_tokens.weight"), "norm.weight": take("norm.weight")})
+        if not config.tie_embeddings:
+            out["lm_head.weight"] = hf.get("lm_head.weight", out["embed_tokens.weight"])
+    for i in range(config.num_layers) if layers is None else layers:
         p = f"layers.{i}."
         attn = p + "self_attn."
         out[attn + "qkv_proj.weight"] = torch.cat([take(f"{attn}{n}_proj.weight") for n in "qkv"])
@@ -206,8 +216,12 @@ def _random_weights(model: LlamaModel, dtype: torch.dtype, device: torch.device,
 
 
 def load_model(target: str, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32",
-               show_progress: bool = True) -> LoadedModel:
-    """Load any supported target onto a device, in a dtype."""
+               show_progress: bool = True, quantize: str | None = None) -> LoadedModel:
+    """Load any supported target onto a device, in a dtype.
+
+    `quantize` ("int8" or "int4", CPU float32) quantizes the model as it loads, one decoder layer at a time
+    (specdec/models/quantized_load.py), so the float weights of the whole model are never in memory at once;
+    the result is the same model `quantize_model_int8_` makes of a float one."""
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     if target.startswith("dummy:"):
         config = dummy_config(target.split(":", 1)[1])
@@ -215,6 +229,11 @@ def load_model(target: str, device: str | torch.device = "cpu", dtype: str | tor
         return LoadedModel(model, ByteTokenizer(config.vocab_size, config.eos_token_ids), target)
     folder = resolve_target(target, show_progress=show_progress)
     config = ModelConfig.from_file(folder / "config.json")
+    if quantize in ("int8", "int4") and torch_device.type == "cpu" and torch_dtype == torch.float32:
+        from specdec.models.quantized_load import load_quantized
+
+        model = load_quantized(folder, config, bits=4 if quantize == "int4" else 8)
+        return LoadedModel(model, load_tokenizer(folder), str(folder), quantized=quantize)
     weights = to_engine_weights(load_state_dict(folder), config)
     model = build_model(config, weights, torch_dtype, torch_device)
     return LoadedModel(model, load_tokenizer(folder), str(folder))

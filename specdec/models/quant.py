@@ -89,7 +89,8 @@ from specdec.errors import ConfigError
 if TYPE_CHECKING:
     from specdec.models.llama import LlamaModel
 
-__all__ = ["Int8DynamicLinear", "quantize_int8_", "quantize_model_int8_", "quantize_weight_per_channel"]
+__all__ = ["Int8DynamicLinear", "finish_int8_serving", "int8_serving_policy", "quantize_int8_", "quantize_model_int8_",
+           "quantize_weight_per_channel"]
 
 # Rows whose max |x| is below this are scaled as if it were this (an all-zero row stays zero, no 0/0).
 _MIN_ROW_SCALE = 1e-30
@@ -281,6 +282,16 @@ def quantize_model_int8_(model: "LlamaModel", bits: int = 8, fbgemm: bool = Fals
     snowball into different tokens. Either way speculative and batched greedy output equal plain greedy output
     in int8 (tests/engine/test_greedy_equivalence.py).
     """
+    make = int8_serving_policy(model, bits, fbgemm)
+    quantize_int8_(model, make=make)
+    finish_int8_serving(model)
+
+
+def int8_serving_policy(model: "LlamaModel", bits: int = 8,
+                        fbgemm: bool = False) -> Callable[[nn.Linear], nn.Module] | None:
+    """The `make` for `quantize_int8_` that `quantize_model_int8_` uses on `model` (None: fbgemm's layers), so
+    a loader can quantize a model layer by layer as its weights arrive (specdec/models/quantized_load.py)
+    and get the same modules. Raises `ConfigError` for a setting the model cannot serve."""
     from specdec.kernels import cpu as cpu_kernels
     from specdec.models.qlinear import QLinear
 
@@ -291,14 +302,21 @@ def quantize_model_int8_(model: "LlamaModel", bits: int = 8, fbgemm: bool = Fals
     own = model.dtype == torch.float32 and cpu_kernels.available()
     if not own and bits != 8:
         raise ConfigError("int4 weights need specdec's compiled CPU kernels (a C++ compiler; see specdec/kernels/cpu)")
-    if own and not fbgemm:
-        def make(linear: nn.Linear) -> nn.Module:
-            if not QLinear.supports(linear.in_features):
-                return Int8DynamicLinear.from_linear(linear)
-            return QLinear.from_linear(linear, bits=8 if linear is head else bits)
+    if not own or fbgemm:
+        return None
+    head = model.lm_head
 
-        head = model.lm_head
-        quantize_int8_(model, make=make)
-    else:
-        quantize_int8_(model)
+    def make(linear: nn.Linear) -> nn.Module:
+        if not QLinear.supports(linear.in_features):
+            return Int8DynamicLinear.from_linear(linear)
+        return QLinear.from_linear(linear, bits=8 if linear is head else bits)
+
+    return make
+
+
+def finish_int8_serving(model: "LlamaModel") -> None:
+    """The K/V precision half of the policy: float32 with our kernels (fixed reduction order), else float64."""
+    from specdec.kernels import cpu as cpu_kernels
+
+    own = model.dtype == torch.float32 and cpu_kernels.available()
     model.config = dataclasses.replace(model.config, kv_cache_dtype=None if own else "float64")

@@ -31,12 +31,15 @@ from specdec.errors import ConfigError, PromptTooLongError, SpecdecError
 from specdec.server import errors
 from specdec.server.errors import APIError
 from specdec.server.metrics import ServerMetrics
+from specdec.sampling.seeds import per_sample
 from specdec.server.protocol import ChatCompletionRequest, CompletionRequest, parse
+from specdec.server.replies import Reply
 
 # A prompt with more characters than this many per context token cannot fit; refuse it before tokenizing it
 # on the engine thread (BPE tokens of ordinary text average 3-5 characters).
 MAX_CHARS_PER_TOKEN = 32
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+PARAM_FOR_FIELD = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}  # SamplingParams -> API names
 
 
 class OpenAIServer:
@@ -112,19 +115,23 @@ class OpenAIServer:
         try:
             params = req.sampling_params(max_tokens)
         except ConfigError as exc:
-            raise APIError(400, str(exc), code="invalid_value") from None
-        try:
-            stream = await self.engine.submit(prompt, params, chat)
+            raise APIError(400, str(exc), param=PARAM_FOR_FIELD.get(exc.field, exc.field), code="invalid_value") from None
+        streams: list[RequestStream] = []
+        try:  # n samples: n requests, each with its own seed; the later ones reuse the first's prompt blocks
+            for one in per_sample(params):
+                streams.append(await self.engine.submit(prompt, one, chat, streams[0] if streams else None))
         except SpecdecError as exc:
+            for stream in streams:
+                stream.abort()
             raise errors.from_specdec(exc, prompt_param) from None
-        self.metrics.prompt_tokens.inc(stream.prompt_tokens)
-        reply = _Reply(kind, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", self.model_name,
-                       self.llm.drafter_spec)
+        self.metrics.prompt_tokens.inc(streams[0].prompt_tokens * len(streams))
+        reply = Reply(kind, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", self.model_name,
+                      self.llm.drafter_spec, len(streams))
         if req.stream:
-            return StreamingResponse(self._events(stream, reply, req.include_usage), media_type="text/event-stream",
+            return StreamingResponse(self._events(streams, reply, req.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        output = await self._collect(request, stream)
-        return JSONResponse(reply.whole(output))
+        outputs = await self._collect(request, streams)
+        return JSONResponse(reply.whole(outputs))
 
     async def _deltas(self, stream: RequestStream) -> AsyncIterator[RequestDelta]:
         """The request's deltas, recording TTFT and per-token latency on the way."""
@@ -142,30 +149,69 @@ class OpenAIServer:
                 self.metrics.e2e.observe(delta.time - stream.submitted)
             yield delta
 
-    async def _events(self, stream: RequestStream, reply: "_Reply", include_usage: bool) -> AsyncIterator[str]:
+    async def _merged(self, streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestDelta]]:
+        """(sample index, delta) from every stream, in the order they arrive."""
+        if len(streams) == 1:
+            async for delta in self._deltas(streams[0]):
+                yield 0, delta
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, stream: RequestStream) -> None:
+            try:
+                async for delta in self._deltas(stream):
+                    queue.put_nowait((index, delta, None))
+            except SpecdecError as exc:
+                queue.put_nowait((index, None, exc))
+                return
+            queue.put_nowait((index, None, None))
+
+        tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+        try:
+            left = len(streams)
+            while left:
+                index, delta, error = await queue.get()
+                if error is not None:
+                    raise error
+                if delta is None:
+                    left -= 1
+                else:
+                    yield index, delta
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _events(self, streams: list[RequestStream], reply: Reply, include_usage: bool) -> AsyncIterator[str]:
+        finals: dict[int, RequestOutput] = {}
         try:
             if reply.chat:
-                yield _sse(reply.chunk("", None, None, role=True))
-            async for delta in self._deltas(stream):
+                for index in range(len(streams)):
+                    yield _sse(reply.chunk(index, "", None, None, role=True))
+            async for index, delta in self._merged(streams):
                 if delta.output is not None:
-                    yield _sse(reply.chunk(delta.text, delta.num_tokens, delta.output))
-                    if include_usage:
-                        yield _sse(reply.usage_chunk(delta.output))
-                elif delta.text:
-                    yield _sse(reply.chunk(delta.text, delta.num_tokens, None))
+                    finals[index] = delta.output
+                    yield _sse(reply.chunk(index, delta.text, delta.num_tokens, delta.output, delta.logprobs))
+                elif delta.text or delta.logprobs:
+                    yield _sse(reply.chunk(index, delta.text, delta.num_tokens, None, delta.logprobs))
+            if include_usage:
+                yield _sse(reply.usage_chunk([finals[i] for i in sorted(finals)]))
             yield "data: [DONE]\n\n"
         except SpecdecError as exc:  # the engine failed mid-stream: tell the client in the stream's own terms
             yield _sse(errors.from_specdec(exc).body())
             yield "data: [DONE]\n\n"
         finally:
-            stream.abort()  # no-op when finished; frees the blocks when the client left mid-stream
+            for stream in streams:
+                stream.abort()  # no-op when finished; frees the blocks when the client left mid-stream
 
-    async def _collect(self, request: Request, stream: RequestStream) -> RequestOutput:
-        async def run() -> RequestOutput:
-            async for delta in self._deltas(stream):
+    async def _collect(self, request: Request, streams: list[RequestStream]) -> list[RequestOutput]:
+        async def run() -> list[RequestOutput]:
+            outputs: dict[int, RequestOutput] = {}
+            async for index, delta in self._merged(streams):
                 if delta.output is not None:
-                    return delta.output
-            raise APIError(500, "the request ended without output", "server_error")
+                    outputs[index] = delta.output
+            if len(outputs) < len(streams):
+                raise APIError(500, "the request ended without output", "server_error")
+            return [outputs[i] for i in range(len(streams))]
 
         work = asyncio.ensure_future(run())
         gone = asyncio.ensure_future(_disconnected(request))
@@ -175,7 +221,8 @@ class OpenAIServer:
             gone.cancel()
             if not work.done():  # the client left: stop generating for it
                 work.cancel()
-                stream.abort()
+                for stream in streams:
+                    stream.abort()
         if work.cancelled():
             raise APIError(499, "the client closed the connection", code="client_closed_request")
         try:
@@ -195,52 +242,6 @@ class OpenAIServer:
         if bad is not None:
             raise ConfigError(f"prompt: token id {bad} is outside the vocabulary (0..{self.vocab - 1})")
         return ids
-
-
-class _Reply:
-    """Response bodies of one request, completions or chat, in OpenAI's shapes."""
-
-    def __init__(self, kind: str, request_id: str, model: str, drafter: str) -> None:
-        self.kind, self.id, self.model, self.drafter = kind, request_id, model, drafter
-        self.created = int(time.time())
-        self.chat = kind == "chat.completion"
-
-    def _head(self, object_: str) -> dict:
-        return {"id": self.id, "object": object_, "created": self.created, "model": self.model}
-
-    def whole(self, out: RequestOutput) -> dict:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": out.text},
-                      "finish_reason": _finish(out), "logprobs": None}
-        else:
-            choice = {"index": 0, "text": out.text, "finish_reason": _finish(out), "logprobs": None}
-        return {**self._head(self.kind), "choices": [choice], "usage": _usage(out), "specdec": self.extension(out)}
-
-    def chunk(self, text: str, num_tokens: int | None, out: RequestOutput | None, role: bool = False) -> dict:
-        finish = _finish(out) if out is not None else None
-        if self.chat:
-            delta = {"role": "assistant", "content": ""} if role else ({"content": text} if text else {})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        else:
-            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
-        body = {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
-        if num_tokens is not None:
-            body["specdec"] = {"num_tokens": num_tokens}
-        if out is not None:
-            body["usage"] = _usage(out)
-            body["specdec"] = {"num_tokens": num_tokens, **self.extension(out)}
-        return body
-
-    def usage_chunk(self, out: RequestOutput) -> dict:
-        head = self._head("chat.completion.chunk" if self.chat else "text_completion")
-        return {**head, "choices": [], "usage": _usage(out)}
-
-    def extension(self, out: RequestOutput) -> dict:
-        m = out.metrics
-        return {"drafter": self.drafter, "tau": m.mean_accepted_tokens, "acceptance_by_depth": m.acceptance_by_depth,
-                "target_steps": m.target_steps, "engine_ttft_s": m.ttft_s,
-                "decode_tokens_per_second": m.tokens_per_second, "cached_prompt_tokens": m.cached_prompt_tokens,
-                "preemptions": m.preemptions}
 
 
 class StatusCounter:
@@ -269,15 +270,6 @@ class StatusCounter:
 
 def _sse(body: dict) -> str:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-
-def _finish(out: RequestOutput) -> str:
-    return "length" if out.finish_reason == "length" else "stop"
-
-
-def _usage(out: RequestOutput) -> dict:
-    prompt, completion = len(out.prompt_token_ids), len(out.token_ids)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 async def _json(request: Request) -> Any:

@@ -47,8 +47,8 @@ def from_specdec(exc: SpecdecError, prompt_param: str = "prompt") -> APIError:
         return APIError(400, str(exc), param=prompt_param, code="context_length_exceeded")
     if isinstance(exc, OutOfBlocksError):
         return APIError(400, f"{exc} (or ask for fewer max_tokens)", param="max_tokens")
-    if isinstance(exc, ConfigError):
-        return APIError(400, str(exc), param=prompt_param)
+    if isinstance(exc, ConfigError):  # a prompt's, or a sampling control's checked against the model's vocabulary
+        return APIError(400, str(exc), param=exc.field or prompt_param)
     return APIError(400, str(exc))
 
 

@@ -1,9 +1,13 @@
 """Request bodies of the OpenAI completions and chat endpoints, and the sampling parameters they map to.
 
 Parsing is strict: a string where a number belongs is a 400, not a silent conversion, and a field specdec does
-not implement is a 400 naming it, never ignored. OpenAI fields that specdec does not implement yet are accepted
-only at their neutral value (`n=1`, `frequency_penalty=0`, ...), so clients that always send defaults work.
-Extensions beyond OpenAI's fields: `top_k` and `ignore_eos`.
+not implement is a 400 naming it, never ignored. OpenAI fields that specdec does not implement are accepted
+only at their neutral value (`best_of=1`, `echo=false`, ...), so clients that always send defaults work.
+
+Mapped onto SamplingParams (exact under every drafter): `n`, `frequency_penalty`, `presence_penalty`,
+`logit_bias` (token-id strings -> bias), `logprobs` (completions: how many alternatives; chat: on/off, with
+`top_logprobs` alternatives). Extensions beyond OpenAI's fields: `top_k`, `ignore_eos`, `min_p`,
+`repetition_penalty`, `min_tokens` and `stop_token_ids` (vLLM's names).
 """
 
 from __future__ import annotations
@@ -12,22 +16,14 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from specdec.config import SamplingParams
+from specdec.config import MAX_LOGPROBS, MAX_N, SamplingParams
 from specdec.server.errors import APIError, from_validation
 
 # Field -> the values that mean "off". Anything else is refused until the sampling issue implements the field.
 NEUTRAL: dict[str, tuple] = {
-    "n": (None, 1),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None, ""),
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
-    "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0),
-    "repetition_penalty": (None, 1, 1.0),
-    "min_p": (None, 0, 0.0),
-    "logit_bias": (None, {}),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "parallel_tool_calls": (None, False),
@@ -57,14 +53,14 @@ class _Sampling(_Strict):
     stream_options: StreamOptions | None = None
     user: str | None = None  # metadata only
     ignore_eos: bool = False  # extension
-    # OpenAI fields without an implementation yet: see NEUTRAL
-    n: Any = None
-    logprobs: Any = None
-    frequency_penalty: Any = None
-    presence_penalty: Any = None
-    repetition_penalty: Any = None
-    min_p: Any = None
-    logit_bias: Any = None
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None
+    repetition_penalty: float | None = Field(None, gt=0, le=100)  # extension
+    min_p: float | None = Field(None, ge=0, le=1)  # extension
+    min_tokens: int | None = Field(None, ge=0)  # extension (vLLM's name)
+    stop_token_ids: list[int] | None = None  # extension (vLLM's name)
 
     def check_unsupported(self) -> None:
         for name, neutral in NEUTRAL.items():
@@ -80,11 +76,30 @@ class _Sampling(_Strict):
             raise APIError(400, "stop: stop strings must not be empty", param="stop", code="invalid_value")
         return stop
 
+    def num_logprobs(self) -> int | None:
+        """How many alternatives per token to report, or None for no logprobs."""
+        raise NotImplementedError
+
+    def bias(self) -> dict[int, float]:
+        bias = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not key.isdigit():
+                raise APIError(400, f"logit_bias: keys must be token ids, got {key!r}", param="logit_bias",
+                               code="invalid_value")
+            bias[int(key)] = value
+        return bias
+
     def sampling_params(self, max_tokens: int) -> SamplingParams:
         top_k = self.top_k if self.top_k and self.top_k > 0 else 0
         return SamplingParams(max_new_tokens=max_tokens, temperature=1.0 if self.temperature is None else self.temperature,
                               top_k=top_k, top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed,
-                              stop=self.stop_strings(), ignore_eos=self.ignore_eos)
+                              stop=self.stop_strings(), ignore_eos=self.ignore_eos,
+                              repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                              frequency_penalty=self.frequency_penalty or 0.0,
+                              presence_penalty=self.presence_penalty or 0.0, min_p=self.min_p or 0.0,
+                              logit_bias=self.bias(), stop_token_ids=tuple(self.stop_token_ids or ()),
+                              min_new_tokens=min(self.min_tokens or 0, max_tokens), logprobs=self.num_logprobs(),
+                              n=self.n or 1)
 
     @property
     def include_usage(self) -> bool:
@@ -93,9 +108,13 @@ class _Sampling(_Strict):
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[int], list[str], list[list[int]]]
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)  # alternatives per token (OpenAI allows 5)
     echo: Any = None
     best_of: Any = None
     suffix: Any = None
+
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
     def single_prompt(self) -> str | list[int]:
         prompt = self.prompt
@@ -125,13 +144,19 @@ class ChatMessage(_Strict):
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    top_logprobs: Any = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
     response_format: Any = None
     functions: Any = None
     function_call: Any = None
+
+    def num_logprobs(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 def parse(model: type[_Strict], body: Any) -> Any:

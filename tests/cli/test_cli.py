@@ -83,3 +83,31 @@ def test_batch_mode_writes_one_result_per_prompt(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(5))
     assert all(len(r["token_ids"]) == 6 for r in rows)
+
+
+def test_generate_json_with_penalties_logprobs_and_two_samples():
+    result = specdec("generate", "hello hello hello hello", *TINY, "--max-new-tokens", "6", "--json",
+                     "--drafter", "ngram", "--temperature", "0.8", "--seed", "3", "--frequency-penalty", "0.5",
+                     "--presence-penalty", "0.2", "--repetition-penalty", "1.2", "--min-p", "0.05",
+                     "--logit-bias", "65=1.5", "--stop-token-id", "0", "--min-new-tokens", "2", "--logprobs", "2",
+                     "--n", "2")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert len(data["samples"]) == 2 and data["samples"][0]["token_ids"] == data["token_ids"]
+    for sample in data["samples"]:
+        assert [lp["token_id"] for lp in sample["logprobs"]] == sample["token_ids"]
+        assert all(len(lp["top"]) <= 2 and lp["logprob"] <= 0 for lp in sample["logprobs"])
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--frequency-penalty", "3"], "--frequency-penalty must"),
+    (["--min-p", "2"], "--min-p must"),
+    (["--logit-bias", "abc"], "TOKEN_ID=BIAS"),
+    (["--logit-bias", "5=500"], "--logit-bias values"),
+    (["--logit-bias", "999999=1"], "outside the model's vocabulary"),
+    (["--logprobs", "50"], "logprobs must"),
+    (["--n", "0"], "n must"),
+    (["--min-new-tokens", "500"], "--min-new-tokens must"),
+])
+def test_bad_sampling_controls_get_one_clear_line(args, words):
+    assert_user_error(specdec("generate", "hi", *TINY, *args), words)

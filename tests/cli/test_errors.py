@@ -26,7 +26,7 @@ MISSING_MODEL = ["--target", "/no/such/model"]  # reaching the model load would 
     (["--tree", "chain:k=3"], "drafter 'none' drafts nothing"),
     (["--drafter", "ngram", "--tree", "chain:k=0"], "chain:k=0 drafts nothing"),
     (["--drafter", "ngram", "--tree", "spiral"], "unknown tree kind"),
-    (["--quantize", "int4"], "unknown quantization"),
+    (["--quantize", "int3"], "unknown quantization"),
     (["--threads", "0"], "--threads must be an integer from 1"),
     (["--stop", ""], "stop strings must be non-empty"),
 ])

@@ -252,3 +252,27 @@ def test_speculative_output_with_a_stop_string_is_plain_decodings():
     assert spec_text == plain_text and stop not in spec_text
     assert max(spec.metrics.step_accepts) == 5  # the steps did run past the stop
     assert sum(spec.metrics.step_accepts) == len(spec.output_ids) - 1  # tau counts the kept tokens only
+
+
+def test_a_stop_token_id_ends_the_request_like_eos_and_is_kept():
+    r, state, out = rules(BYTES), TextState(), []
+    params = SamplingParams(stop_token_ids=[BYTES.encode("x")[0]])
+    kept, reason = r.append(state, out, BYTES.encode("abxcd"), params, prompt_len=1)
+    assert (kept, reason) == (3, "stop") and out == BYTES.encode("abx")
+
+
+def test_min_new_tokens_ignores_eos_stop_tokens_and_stop_strings_before_the_minimum():
+    r, state, out = rules(BYTES), TextState(), []
+    params = SamplingParams(stop=("b", "cd"), stop_token_ids=[BYTES.encode("a")[0]], min_new_tokens=3)
+    tokens = BYTES.encode("ab") + [EOS] + BYTES.encode("bcd")
+    kept, reason = r.append(state, out, tokens, params, prompt_len=1)
+    # a, b and EOS are the first three tokens: none of them stops; the next b does
+    assert (kept, reason) == (4, "stop")
+    assert state.visible(params.stop, True) == "ab"  # the text up to the stop string that ended it
+
+
+def test_a_stop_string_straddling_the_minimum_counts():
+    r, state, out = rules(BYTES), TextState(), []
+    params = SamplingParams(stop=("bc",), min_new_tokens=2)
+    kept, reason = r.append(state, out, BYTES.encode("abcd"), params, prompt_len=1)
+    assert (kept, reason) == (3, "stop") and state.visible(params.stop, True) == "a"

