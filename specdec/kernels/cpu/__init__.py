@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import logging
 import os
 import time
 import warnings
@@ -51,6 +52,8 @@ def _loaded() -> bool:
 
 
 def _build() -> None:
+    # torch's builder warns about CUDA at import ("No CUDA runtime is found") even for a CPU-only build.
+    logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from torch.utils import cpp_extension
 
     capability = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
