@@ -72,7 +72,9 @@ def _build() -> None:
     build = root / "kernels" / f"torch-{torch.__version__}" / name
     build.mkdir(parents=True, exist_ok=True)
     _clear_stale_lock(build / "lock")
-    if not (build / f"{name}.so").exists():  # the one slow start: say so rather than sit silent for a minute
+    # The one slow start: on a terminal, say so rather than sit silent for a minute (not in pipes, whose
+    # readers parse stderr line by line).
+    if not (build / f"{name}.so").exists() and sys.stderr.isatty():
         print("specdec: compiling the CPU kernels (once per install, about a minute)...", file=sys.stderr, flush=True)
     cpp_extension.load(name, [str(_HERE / s) for s in SOURCES], extra_cflags=flags, extra_include_paths=[str(_HERE)],
                        build_directory=str(build), is_python_module=False, verbose=False)
