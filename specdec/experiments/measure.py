@@ -18,6 +18,7 @@ from specdec.drafters.oracle import prepare_oracle
 from specdec.errors import ConfigError
 from specdec.experiments.report import AcceptanceReport, ExperimentSettings
 from specdec.experiments.stats import AcceptanceStats
+from specdec.spec_strings import parse_spec
 from specdec.engine.sequence import Sequence
 from specdec.tree.token_tree import TokenTree
 from specdec.tree.spec import TreeSpec
@@ -119,7 +120,7 @@ def sweep(
         raise ConfigError("a sweep needs at least one drafter, one tree (None = default) and one temperature")
     reports = []
     for drafter in drafters:
-        drafter_trees = [None] if drafter.split(":", 1)[0].strip() == "none" else trees
+        drafter_trees = [None] if parse_spec(drafter, what="drafter")[0] == "none" else trees
         for tree in drafter_trees:
             for temperature in temperatures:
                 report = measure_acceptance(llm, prompts, replace(base, temperature=temperature), drafter=drafter,

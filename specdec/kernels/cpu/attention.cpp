@@ -142,6 +142,7 @@ struct Scratch {
   std::vector<int64_t> count;
   std::vector<float> scores;      // [rows * group, padded list]
   std::vector<float> acc;         // [rows * group, D]
+  std::vector<float> totals;      // [rows * group]: softmax denominators
 };
 
 // Attention of query rows r0 .. r1 (indices into q) of one sequence for one KV head: `group` query heads a
@@ -169,7 +170,8 @@ void attend_rows(const float* qp, float* op, int64_t r0, int64_t r1, int64_t q_h
         scores8(query(qi), k_base, s.prefix.data() + j, std::min<int64_t>(kLanes, j1 - j), d, scale,
                 s.scores.data() + qi * padded + j);
   }
-  std::vector<float> totals(nq);
+  s.totals.resize(nq);
+  float* totals = s.totals.data();
   for (int64_t qi = 0; qi < nq; ++qi) {
     const int64_t r = qi / group, m = s.count[r];
     float* sc = s.scores.data() + qi * padded;
