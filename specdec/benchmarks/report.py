@@ -134,29 +134,33 @@ def plot(result: dict, out: Path) -> None:
     baselines = [(PLAIN, "speedup_vs_plain", "over specdec plain decode")]
     if any(m["key"] == HF_PLAIN for m in result["methods"]):
         baselines.append((HF_PLAIN, "speedup_vs_hf", "over transformers generate (fp32)"))
-    fig, axes = plt.subplots(len(baselines), 1, figsize=(11, 4 * len(baselines)), squeeze=False)
+    # One colour per method (tab20 has 20; the default cycle repeats after 10) and the legend beside the axes,
+    # where it hides no bar.
+    colours = {m["key"]: plt.get_cmap("tab20")(i % 20) for i, m in enumerate(result["methods"])}
+    fig, axes = plt.subplots(len(baselines), 1, figsize=(15, 4.5 * len(baselines)), squeeze=False)
     for ax, (base, field, title) in zip(axes[:, 0], baselines):
         methods = [m for m in result["methods"] if m["key"] != base]
         width = 0.8 / max(len(methods), 1)
         for i, m in enumerate(methods):
             values = [(index.get((m["key"], c)) or {}).get(field) or 0.0 for c in categories]
-            ax.bar([x + i * width for x in range(len(categories))], values, width, label=m["label"])
+            ax.bar([x + i * width for x in range(len(categories))], values, width, label=m["label"],
+                   color=colours[m["key"]])
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(categories))], [DISPLAY.get(c, c) for c in categories],
                       rotation=20, fontsize=8)
         ax.set_ylabel("speedup")
         ax.set_title(f"{result['settings']['target']}: speedup {title}")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(out / "speedup.png", dpi=110)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(11, 4))
     drawn = 0
     for m in result["methods"]:
         alphas = (index.get((m["key"], "overall")) or {}).get("acceptance_by_depth") or []
         if alphas:
-            ax.plot(range(1, len(alphas) + 1), alphas, marker="o", label=m["label"])
+            ax.plot(range(1, len(alphas) + 1), alphas, marker="o", label=m["label"], color=colours[m["key"]])
             drawn = max(drawn, len(alphas))
     if not drawn:
         ax.text(0.5, 0.5, "no drafting method ran", ha="center", va="center", transform=ax.transAxes)
@@ -166,7 +170,7 @@ def plot(result: dict, out: Path) -> None:
     ax.set_xticks(range(1, drawn + 1))
     ax.set_title("acceptance by depth, all categories (specdec drafters)")
     if drawn:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(out / "acceptance.png", dpi=110)
     plt.close(fig)

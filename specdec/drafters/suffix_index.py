@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from specdec.errors import ConfigError
 
 ROOT = 0
+_PERMANENT = -1  # the sequence id add_permanent indexes under for a moment (callers use ids >= 0)
 
 
 @dataclass
@@ -93,6 +94,13 @@ class SuffixTrie:
                 del active[0]
             seq.append(token)
         count[ROOT] += len(tokens)
+
+    def add_permanent(self, tokens: list[int]) -> None:
+        """Index `tokens` for good: counted like any sequence, but its tokens are not kept, so it can never be
+        removed (a read-only corpus; saves a Python list per sequence)."""
+        self.extend(_PERMANENT, tokens)
+        self.close(_PERMANENT)
+        del self._seqs[_PERMANENT]
 
     def close(self, seq_id: int) -> None:
         """The sequence will not grow again: drop its live-suffix list (its counts stay)."""
