@@ -3,7 +3,8 @@
 One server per method starts first (an idle server costs no CPU: its engine thread sleeps on its inbox). Then,
 for each request rate, every method serves the same arrival schedule and the same requests (bench prompts of
 the test split, chat template, greedy, up to --max-tokens each, stopping at EOS), methods alternating order from
-rate to rate so that drift on a shared machine does not favour one. Requests stream through the chat endpoint.
+rate to rate so that drift on a shared machine does not favour one. Each run draws requests no run before it
+used, so drafters that learn across requests are not measured on answers they have already seen. Requests stream through the chat endpoint.
 
 Per run: TTFT (send to first token) and inter-token latency (ITL) p50/p99, TPOT p50, output tok/s, and goodput
 (requests per second that met both --slo-ttft and --slo-tpot). ITL is per token: a chunk of k tokens that
@@ -218,10 +219,19 @@ def main() -> None:
     args = parser.parse_args()
 
     rates = args.rates.split(",")
-    prompts = [r["prompt"] for r in bench_prompts(split="test")]
+    # Every run gets requests no server has seen: drafters that learn from earlier outputs (suffix's global
+    # trie, recycle's matrix) would otherwise be measured on memorised answers. Warm-up uses dev prompts.
     rng = random.Random(args.seed)
-    order = rng.sample(range(len(prompts)), len(prompts))
-    chosen = [prompts[order[i % len(order)]] for i in range(args.requests)]
+    pool = [r["prompt"] for r in bench_prompts(split="test")]
+    rng.shuffle(pool)
+    warm_up = [r["prompt"] for r in bench_prompts(split="dev")][:4]
+    needed = len(rates) * args.repeats * args.requests
+    if needed > len(pool):
+        print(f"warning: {needed} requests over {len(pool)} test prompts: later runs repeat prompts, which "
+              "drafters that learn across requests have seen", file=sys.stderr)
+
+    def requests_of(run: int) -> list[str]:
+        return [pool[(run * args.requests + k) % len(pool)] for k in range(args.requests)]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "COLUMNS": "200"}
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a killed bench still stops its servers
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
@@ -234,7 +244,7 @@ def main() -> None:
             time.sleep(20)
             servers["llama.cpp"] = (proc, f"http://127.0.0.1:{args.llama_cpp_port}/v1")
         for name, (_, url) in servers.items():  # warm-up: first-call costs, the planner's first measurements
-            asyncio.run(run_load(url, chosen[:4], [0.0] * 4, args))
+            asyncio.run(run_load(url, warm_up, [0.0] * len(warm_up), args))
         results: dict[str, dict] = {name: {} for name in servers}
         for i, rate in enumerate(rates):
             r = float(rate)
@@ -243,6 +253,7 @@ def main() -> None:
                 gaps = [0.0] * args.requests if math.isinf(r) else [rng.expovariate(r) for _ in range(args.requests)]
                 delays = [sum(gaps[: k + 1]) - gaps[0] for k in range(args.requests)]
                 names = list(servers) if (i + repeat) % 2 == 0 else list(servers)[::-1]
+                chosen = requests_of(i * args.repeats + repeat)  # the same requests for every method
                 for name in names:
                     runs[name].append(asyncio.run(run_load(servers[name][1], chosen, delays, args)))
             base = next(iter(servers))
