@@ -50,4 +50,5 @@ def load_corpus_trie(folder: Path, target: LoadedModel, depth: int, max_tokens: 
         tokens += len(ids)
     if not tokens:
         raise ConfigError(f"suffix corpus {folder} holds no answers yet; {build}")
+    trie.freeze()
     return trie

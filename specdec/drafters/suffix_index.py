@@ -56,6 +56,7 @@ class SuffixTrie:
         self._free: list[int] = []  # node ids to reuse
         self._seqs: dict[int, list[int]] = {}  # sequence id -> its tokens (removal walks them again)
         self._active: dict[int, list[int]] = {}  # sequence id -> nodes of its live suffixes, longest first
+        self._ranked: dict[int, tuple[int, list[tuple[int, int, int]]]] | None = None  # set by freeze()
 
     # ----------------------------------------------------------------------------------------------- size
     @property
@@ -76,6 +77,8 @@ class SuffixTrie:
     # ------------------------------------------------------------------------------------------- updates
     def extend(self, seq_id: int, tokens: list[int]) -> None:
         """Append `tokens` to sequence `seq_id` (a new id starts a new sequence)."""
+        if self._ranked is not None:
+            raise ConfigError("this suffix trie is frozen (a read-only corpus): it cannot index more tokens")
         seq = self._seqs.setdefault(seq_id, [])
         active = self._active.setdefault(seq_id, [])
         children, count, limit = self._children, self._count, self.max_depth - 1
@@ -196,14 +199,35 @@ class SuffixTrie:
         kids = self._children[node]
         if not kids:
             return
+        if self._ranked is not None:  # frozen: every node's children ranked once, on first use
+            cached = self._ranked.get(node)
+            if cached is None:
+                cached = self._ranked[node] = self._rank(kids)
+            total, ranked = cached
+            need = min_prob * total / prob
+            cut = len(ranked) if branching <= 0 else min(branching, len(ranked))
+            ranked = list(itertools.takewhile(lambda entry: entry[0] >= need, ranked[:cut]))
+        else:
+            total, ranked = self._rank(kids, min_prob, prob)
+            if branching > 0:
+                ranked = ranked[:branching]
+        for n, token, child in ranked:
+            heapq.heappush(heap, (-prob * n / total, next(order), child, token, parent, depth))
+
+    def _rank(self, kids: dict[int, int], min_prob: float = 0.0,
+              prob: float = 1.0) -> tuple[int, list[tuple[int, int, int]]]:
+        """The children's total count, and (count, token, child) for those whose share keeps the path above
+        `min_prob`, most frequent first."""
         count = self._count
         total = sum(count[c] for c in kids.values())
         need = min_prob * total / prob  # the least count that keeps a child above min_prob
-        ranked = sorted(((count[c], t, c) for t, c in kids.items() if count[c] >= need), reverse=True)
-        if branching > 0:
-            ranked = ranked[:branching]
-        for n, token, child in ranked:
-            heapq.heappush(heap, (-prob * n / total, next(order), child, token, parent, depth))
+        return total, sorted(((count[c], t, c) for t, c in kids.items() if count[c] >= need), reverse=True)
+
+    def freeze(self) -> None:
+        """No more changes: cache each node's ranked children on first use. In a large corpus the shallow
+        nodes have thousands of children (every token that ever followed "the"), and ranking them again at
+        every step was most of the corpus trie's drafting time."""
+        self._ranked = {}
 
     def _walk(self, pattern: list[int]) -> int | None:
         if len(pattern) > self.max_depth:

@@ -195,3 +195,24 @@ def test_a_shorter_match_wins_when_its_continuations_score_higher():
         trie.extend(i, [1, 2, 3, 4, 8])  # "1 2" continued three times with "3 4"
     draft = trie.speculate([7, 5, 1, 2], max_tokens=8, max_depth=8, factor=1.0, min_prob=0.0)
     assert draft.match_len == 2 and draft.tokens[:2] == [3, 4]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_frozen_trie_drafts_exactly_what_the_live_one_does_and_refuses_changes(seed):
+    rng = random.Random(700 + seed)
+    seqs = random_seqs(rng, 6, alphabet=5, low=40, high=120)
+    live, frozen = SuffixTrie(8), SuffixTrie(8)
+    for i, s in enumerate(seqs):
+        live.extend(i, s)
+        live.close(i)
+        frozen.add_permanent(s)
+    frozen.freeze()
+    for _ in range(40):
+        context = seqs[rng.randrange(len(seqs))][: rng.randint(1, 40)] + [rng.randrange(5)]
+        args = (rng.randint(1, 12), rng.randint(1, 6), rng.choice([0.5, 1.0, 3.0]), 0.0, rng.choice([0.0, 0.1, 0.3]),
+                rng.choice([0, 1, 2]))
+        for _ in range(2):  # the second call reads the ranked children cached by the first
+            a, b = live.speculate(context, *args), frozen.speculate(context, *args)
+            assert (a.tokens, a.parents, a.probs, a.match_len) == (b.tokens, b.parents, b.probs, b.match_len)
+    with pytest.raises(ConfigError, match="frozen"):
+        frozen.extend(0, [1, 2, 3])
