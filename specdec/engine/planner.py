@@ -24,7 +24,10 @@ this is the exact optimum for chains; for trees it uses the tree shape's node co
 
 Costs for batch sizes never measured are extrapolated optimistically (in proportion to the tokens below the
 smallest measurement, flat above a single one), so the planner tries such a step once and learns what it
-costs, rather than guessing from a model of the hardware. Greedy outputs never depend on the plan: a shorter tree changes speed, never tokens. A *seeded*
+costs, rather than guessing from a model of the hardware. Measured prices follow the fastest recent steps
+(timing noise only ever adds), and after `EXPLORE_AFTER` steps without speculation one sequence drafts its full
+tree once, so that a price measured during a stall is measured again. Greedy outputs never depend on the plan:
+a shorter tree changes speed, never tokens. A *seeded*
 sampled request is different: which random numbers it draws depends on its tree's shape, so to give the same
 output whatever runs beside it, it always gets the full tree (it is pinned, and only priced in).
 """
@@ -40,6 +43,10 @@ from specdec.tree.spec import TreeSpec
 
 PRIOR_WEIGHT = 4.0  # steps of evidence the drafter-wide estimate counts for in a sequence's own estimate
 PRIOR_BETA = 0.5  # P(accept depth 1) before any evidence
+# After this many steps in a row without speculation, one sequence gets the full tree once: a price that only
+# speculation can measure is re-measured. Without it, one stalled step could switch speculation off for good
+# (seen in the bench suite: a drafter at tau 1.00 beside the same drafter at 1.4 in the next run).
+EXPLORE_AFTER = 16
 
 
 class StepCost:
@@ -55,13 +62,20 @@ class StepCost:
         return round(4 * math.log2(max(n, 1)))  # ~19% wide buckets
 
     def observe(self, tokens: int, seconds: float) -> None:
+        """Fold one measured step into its bucket: down at once, up by `decay`.
+
+        Timing noise is one-sided: a step is never faster than its work, but a stall (a page fault, a garbage
+        collection, another process) makes it slower, by up to seconds on a shared machine. So a faster step
+        is believed at once and a slower one only partly, and one stall cannot hold a bucket's price up for
+        longer than the next measurement of it.
+        """
         key = self._bucket(tokens)
         entry = self._buckets.get(key)
         if entry is None:
             self._buckets[key] = [float(tokens), seconds]
         else:
             entry[0] += self.decay * (tokens - entry[0])
-            entry[1] += self.decay * (seconds - entry[1])
+            entry[1] = seconds if seconds < entry[1] else entry[1] + self.decay * (seconds - entry[1])
         self._points = None
 
     @property
@@ -94,6 +108,7 @@ class SpeculationPlanner:
         self.draft_cost = StepCost()  # drafter seconds per tree depth, by the number of sequences drafting
         self._accepted: list[float] = []  # drafter-wide: steps that accepted >= d+1 drafted tokens
         self._proposed: list[float] = []  # drafter-wide: steps whose tree reached depth d+1
+        self._idle_plans = 0  # plans in a row that chose no speculation at all
 
     # ----------------------------------------------------------------------------------------- observations
     def observe_forward(self, tokens: int, seconds: float, prefill_tokens: int = 0) -> None:
@@ -193,4 +208,11 @@ class SpeculationPlanner:
         chosen = [spec.depth if pin else 0 for pin in pinned]
         for i in best_moves:
             chosen[i] += 1
+        if any(chosen):
+            self._idle_plans = 0
+        else:
+            self._idle_plans += 1
+            if self._idle_plans > EXPLORE_AFTER:  # re-measure: the likeliest sequence drafts its full tree once
+                self._idle_plans = 0
+                chosen[max(range(len(seqs)), key=lambda i: betas[i][0])] = spec.depth
         return chosen

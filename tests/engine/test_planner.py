@@ -93,3 +93,25 @@ def test_draft_cost_grows_with_the_number_of_sequences_drafting():
     depths = p.plan(good + poor, chain(2))
     assert all(d > 0 for d in depths[:4])
     assert sum(d > 0 for d in depths) < 64
+
+
+def test_a_stalled_step_raises_a_price_only_until_the_next_measurement():
+    cost = StepCost()
+    cost.observe(2, 0.020)
+    cost.observe(2, 0.300)  # a stall: believed only in part
+    assert 0.020 < cost.predict(2) < 0.1
+    cost.observe(2, 0.021)  # the next ordinary step
+    assert cost.predict(2) == pytest.approx(0.021)
+    cost.observe(2, 0.025)  # real growth (a longer context) is still followed, gradually
+    assert 0.021 < cost.predict(2) < 0.025
+
+
+def test_speculation_switched_off_is_tried_again_after_a_while():
+    from specdec.engine.planner import EXPLORE_AFTER
+
+    p = planner(cost_per_token=0.01, fixed=0.005)  # extra rows cost as much as the step: never worth it
+    seqs = [seq(i, [3 + i, 1, 0], [10] * 3) for i in range(4)]
+    plans = [p.plan(seqs, chain(3)) for _ in range(2 * (EXPLORE_AFTER + 1))]
+    explored = [i for i, depths in enumerate(plans) if any(depths)]
+    assert explored == [EXPLORE_AFTER, 2 * EXPLORE_AFTER + 1]
+    assert plans[EXPLORE_AFTER] == [0, 0, 0, 3]  # one sequence, the likeliest to accept, with the full tree
