@@ -30,8 +30,11 @@ def _complete_lines(path: Path) -> int:
 
 def _kill_midway(prompts: Path, out: Path, sig: int) -> subprocess.CompletedProcess:
     """Start a batch run, wait until a few records are on disk, then send `sig`."""
+    # As at a terminal, SIGINT must reach the run: a test suite started in the background by a non-interactive
+    # shell (`bash -c '... &'`) inherits SIGINT ignored, and Python then installs no KeyboardInterrupt handler.
     proc = subprocess.Popen(command("generate", *TINY, "--prompts-file", str(prompts), "--output", str(out), *ARGS),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env())
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 600
     while _complete_lines(out) < 3:
         if proc.poll() is not None or time.monotonic() > deadline:
