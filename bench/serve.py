@@ -4,7 +4,8 @@ One server per method starts first (an idle server costs no CPU: its engine thre
 for each request rate, every method serves the same arrival schedule and the same requests (bench prompts of
 the test split, chat template, greedy, up to --max-tokens each, stopping at EOS), methods alternating order from
 rate to rate so that drift on a shared machine does not favour one. Each run draws requests no run before it
-used, so drafters that learn across requests are not measured on answers they have already seen. Requests stream through the chat endpoint.
+used, so drafters that learn across requests are not measured on answers they have already seen. Requests
+stream through the chat endpoint.
 
 Per run: TTFT (send to first token) and inter-token latency (ITL) p50/p99, TPOT p50, output tok/s, and goodput
 (requests per second that met both --slo-ttft and --slo-tpot). ITL is per token: a chunk of k tokens that

@@ -4,8 +4,6 @@ another tokenizer."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,7 @@ from specdec.drafters.suffix_corpus import load_corpus_trie
 from specdec.drafters.suffix_index import SuffixTrie
 from specdec.errors import ConfigError
 from specdec.models.loader import LoadedModel
-from specdec.training.corpus_store import MANIFEST, RECORDS, Manifest, tokenizer_fingerprint
+from specdec.training.corpus_store import Manifest, open_store, tokenizer_fingerprint
 from specdec.tree.spec import chain
 from tests.helpers import NoTokenizer, run_all, tiny_engine, tiny_model
 
@@ -38,13 +36,13 @@ def target() -> LoadedModel:
 
 
 def write_corpus(folder: Path, target: LoadedModel, answers: list[list[int]], vocab: int = VOCAB) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    manifest = Manifest(target="tiny", vocab_size=vocab, tokenizer_sha256=tokenizer_fingerprint(target.tokenizer, vocab),
-                        new_tokens=64, temperature=0.0, seed=0, max_prompt_tokens=64)
-    (folder / MANIFEST).write_text(json.dumps(asdict(manifest)))
-    with (folder / RECORDS).open("w") as f:
+    """A corpus written the way `specdec data build` writes one (its own store)."""
+    fingerprint = tokenizer_fingerprint(target.tokenizer, vocab)
+    manifest = Manifest(target="tiny", vocab_size=vocab, tokenizer_sha256=fingerprint, new_tokens=64, temperature=0.0,
+                        seed=0, max_prompt_tokens=64)
+    with open_store(folder, manifest) as store:
         for i, ids in enumerate(answers):
-            f.write(json.dumps({"id": f"r{i}", "prompt_ids": [1], "token_ids": ids, "finish": "length"}) + "\n")
+            store.append(f"r{i}", [1], ids, "length")
     return folder
 
 
