@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from specdec.config import EngineConfig
-from specdec.drafters.base import Drafter
+from specdec.drafters.base import Drafter, DrafterBase
+from specdec.drafters.hybrid_merge import ScoredTree
 from specdec.engine.engine import Engine
 from specdec.models.config import ModelConfig
 from specdec.models.loader import build_model
 from specdec.models.llama import LlamaModel
-from specdec.tree.spec import TreeSpec
+from specdec.tree.spec import TreeSpec, chain
 
 
 def in_ci() -> bool:
@@ -61,3 +62,31 @@ def tiny_engine(model: LlamaModel, drafter: Drafter, tree: TreeSpec, **config) -
 def run_all(engine: Engine) -> None:
     while engine.has_unfinished():
         engine.step()
+
+
+class ScriptedDrafter(DrafterBase):
+    """Proposes a chain from a known greedy continuation (`continuation[seq_id]`), shifted by `offset` in a
+    vocabulary of `vocab` (0 = always right), claiming `score` for every node; counts its proposals."""
+
+    def __init__(self, name: str, continuation: dict[int, list[int]], offset: int, score: float, vocab: int,
+                 plans_by_node: bool = False) -> None:
+        self.name, self.continuation, self.offset, self.score, self.vocab = name, continuation, offset, score, vocab
+        self.plans_by_node = plans_by_node
+        self.proposals = 0
+
+    def default_tree(self) -> TreeSpec:
+        return chain(2)
+
+    def propose_scored(self, seqs, spec):
+        self.proposals += 1
+        out = []
+        for seq in seqs:
+            future = self.continuation[seq.seq_id][len(seq.output_ids):][: spec.depth]
+            tokens = [seq.last_token] + [(t + self.offset) % self.vocab for t in future]
+            out.append(ScoredTree(tokens, list(range(-1, len(tokens) - 1)), [0.0] + [self.score] * len(future)))
+        return out
+
+    def propose(self, seqs, spec):
+        if seqs:
+            raise AssertionError("a scripted drafter is only asked for scored trees")
+        return []

@@ -39,12 +39,17 @@ class Drafter(Protocol):
     needs_features: bool
     feature_layers: tuple[int, ...]
     # Model-free drafters that learn from the target (Token Recycling) read the verify pass's logits at every
-    # tree node (`observe_verified`), and optionally every prompt row's logits (`observe_prefill_logits`, which
-    # costs an LM-head row per prompt token). A tree built by several drafters carries `TokenTree.source`, an
+    # tree node (`observe_verified`), and optionally the logits of the prompt's last `prefill_logit_rows`
+    # positions (`observe_prefill_logits`; each costs an LM-head row). A tree built by several drafters carries `TokenTree.source`, an
     # index into `source_names` (hybrid), so metrics can say who proposed each accepted token.
     observes_verification: bool
-    wants_prefill_logits: bool
+    prefill_logit_rows: int
     source_names: tuple[str, ...]
+    # Drafters whose proposals cost next to nothing (suffix, n-gram, Token Recycling: lookups, no model call)
+    # propose for every sequence first; then the planner verifies only the nodes whose calibrated chance of
+    # acceptance pays for their row (`SpeculationPlanner.plan_nodes`). Model drafters are planned by depth
+    # before they draft, since their drafting is what costs.
+    plans_by_node: bool
 
     def default_tree(self) -> TreeSpec:
         """The tree shape used when the user names none."""
@@ -60,7 +65,8 @@ class Drafter(Protocol):
         ...
 
     def observe_prefill_logits(self, seq: Sequence, start: int, logits: Tensor | None) -> None:
-        """Logits of every row of a prefill chunk starting at prompt position `start` (if `wants_prefill_logits`)."""
+        """Logits of prompt positions `start ..` (the last rows of a prefill chunk, within the prompt's last
+        `prefill_logit_rows` positions)."""
         ...
 
     def observe_verified(self, seqs: list[Sequence], trees: list[TokenTree], logits: list[Tensor],
@@ -96,8 +102,9 @@ class DrafterBase:
     needs_features = False
     feature_layers: tuple[int, ...] = ()
     observes_verification = False
-    wants_prefill_logits = False
+    prefill_logit_rows = 0
     source_names: tuple[str, ...] = ()
+    plans_by_node = False
 
     def observe_prefill(self, seq: Sequence, start: int, features: Tensor | None) -> None:
         pass

@@ -28,8 +28,13 @@ def score_bin(raw: float) -> int:
 
 
 class AcceptanceCalibration:
-    def __init__(self, prior_weight: float = 8.0, window: float = 4096.0, max_depth: int = 16) -> None:
+    def __init__(self, prior_weight: float = 8.0, window: float = 4096.0, max_depth: int = 16,
+                 optimism: float = 0.0) -> None:
         self.prior_weight = prior_weight
+        # Standard errors added to an estimate. A ranking that only ever verifies the nodes it already rates
+        # well never learns that a kind it rates badly is better than its prior: with optimism, a kind with
+        # little evidence is rated up until it has been tried enough to know.
+        self.optimism = optimism
         self.window = window
         self.max_depth = max_depth
         self._counts: dict[tuple[int, int, int], list[float]] = {}  # key -> [tried, accepted]
@@ -43,10 +48,12 @@ class AcceptanceCalibration:
         counts = self._counts.get(self.key(sources, depth, raw))
         base = raw if prior is None else (prior() if callable(prior) else prior)
         base = min(max(base, 0.0), 1.0)
-        if counts is None:
-            return base
-        tried, accepted = counts
-        return (accepted + self.prior_weight * base) / (tried + self.prior_weight)
+        tried, accepted = counts if counts is not None else (0.0, 0.0)
+        estimate = (accepted + self.prior_weight * base) / (tried + self.prior_weight)
+        if self.optimism:
+            bonus = self.optimism * math.sqrt(estimate * (1.0 - estimate) / (tried + self.prior_weight))
+            estimate = min(estimate + bonus, 1.0)
+        return estimate
 
     def observe(self, sources: int, depth: int, raw: float, accepted: bool) -> None:
         key = self.key(sources, depth, raw)

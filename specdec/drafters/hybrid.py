@@ -16,33 +16,24 @@ trees, so it is a one-hot proposal to the verifier: lossless at any temperature,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from specdec.drafters.base import Drafter, DrafterBase, DrafterContext
 from specdec.drafters.calibration import AcceptanceCalibration
-from specdec.drafters.hybrid_merge import MergedTree, ScoredTree, merge_trees, observe_verification
+from specdec.drafters.hybrid_merge import MergedTree, merge_trees, observe_verification
 from specdec.drafters.registry import build_drafter, register_raw
+from specdec.drafters.scored import scored_proposals
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
-from specdec.tree.spec import TreeKind, TreeSpec, chain
+from specdec.tree.spec import TreeSpec, chain
 from specdec.tree.token_tree import TokenTree
 from specdec.verifier.result import VerifyResult
 
-FLAT_SCORE = 0.5  # raw score for parts that offer no scores of their own (calibration learns the rest)
 # A three-node tree by default: on this CPU every verified row costs (issue 14). hybrid:suffix+recycle gave 1.17x
 # on the test split with it, 0.92x with the 8-node tree it used to default to.
 DEFAULT_TREE = chain(3)
-
-
-@runtime_checkable
-class ScoredProposer(Protocol):
-    """A drafter that can score its own nodes (a raw score the hybrid's calibration maps to acceptance)."""
-
-    def propose_scored(self, seqs: list[Sequence], spec: TreeSpec) -> list[ScoredTree]:
-        ...
 
 
 @dataclass
@@ -65,8 +56,8 @@ class HybridDrafter(DrafterBase):
         self.needs_features = bool(featured)
         self._featured = featured[0] if featured else None
         self.feature_layers = tuple(self._featured.feature_layers) if self._featured is not None else ()
-        self._seeded = [d for _, d in parts if d.wants_prefill_logits]
-        self.wants_prefill_logits = bool(self._seeded)
+        self._seeded = [d for _, d in parts if d.prefill_logit_rows]
+        self.prefill_logit_rows = max((d.prefill_logit_rows for d in self._seeded), default=0)
         # source_names[mask] names the parts that proposed a node (mask bit i = part i)
         self.source_names = ("",) + tuple("+".join(n for i, (n, _) in enumerate(parts) if mask >> i & 1)
                                           for mask in range(1, 1 << len(parts)))
@@ -78,7 +69,7 @@ class HybridDrafter(DrafterBase):
     def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:
         if not seqs:
             return []
-        proposals = [self._scored(drafter, seqs, spec) for _, drafter in self.parts]
+        proposals = [scored_proposals(drafter, seqs, spec) for _, drafter in self.parts]
         trees = []
         for i, seq in enumerate(seqs):
             merged = merge_trees([p[i] for p in proposals], self.calibration, spec.budget, spec.depth)
@@ -86,19 +77,6 @@ class HybridDrafter(DrafterBase):
             trees.append(TokenTree.from_parents(merged.tokens, merged.parents,
                                                 source=torch.tensor(merged.sources, dtype=torch.int64)))
         return trees
-
-    @staticmethod
-    def _scored(drafter: Drafter, seqs: list[Sequence], spec: TreeSpec) -> list[ScoredTree]:
-        # Chains and dynamic trees say how deep and how large a proposal may be, which every part can follow;
-        # a static template belongs to the drafter it was made for, so the others propose their own shape.
-        own = spec if spec.kind in (TreeKind.CHAIN, TreeKind.DYNAMIC) else drafter.default_tree().limited(spec.depth)
-        if isinstance(drafter, ScoredProposer):
-            return drafter.propose_scored(seqs, own)
-        out = []
-        for tree in drafter.propose(seqs, own):
-            parents = tree.parent_list
-            out.append(ScoredTree(tree.tokens.tolist(), parents, [0.0] + [FLAT_SCORE] * (len(parents) - 1)))
-        return out
 
     # --------------------------------------------------------------------------------------- observation
     def observe_verified(self, seqs: list[Sequence], trees: list[TokenTree], logits: list[Tensor],

@@ -21,6 +21,7 @@ from specdec.tree.token_tree import TokenTree
 
 class NgramDrafter(DrafterBase):
     name = "ngram"
+    plans_by_node = True  # lookups only: draft for all, verify the nodes that pay
 
     def __init__(self, n: int = 3, k: int = 8, branches: int = 1) -> None:
         self.n, self.k, self.branches = n, k, branches

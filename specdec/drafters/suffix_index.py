@@ -39,6 +39,8 @@ class SuffixDraft:
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     probs: list[float] = field(default_factory=list)  # estimated P(node accepted), non-increasing down a path
+    support: list[int] = field(default_factory=list)  # occurrences behind each node's estimate: how often its
+    #                                                   parent's pattern was followed by anything at all
     match_len: int = 0
 
     @property
@@ -179,16 +181,18 @@ class SuffixTrie:
     def expand(self, node: int, max_tokens: int, max_depth: int, min_prob: float, branching: int = 0) -> SuffixDraft:
         """Best-first frequency-weighted expansion below `node`."""
         draft = SuffixDraft()
-        heap: list[tuple[float, int, int, int, int, int]] = []  # (-prob, order, trie node, token, parent, depth)
+        # (-prob, order, trie node, token, parent, depth, support)
+        heap: list[tuple[float, int, int, int, int, int, int]] = []
         order = itertools.count()
         self._push_children(heap, order, node, 1.0, -1, 1, min_prob, branching)
         children = self._children
         while heap and len(draft.tokens) < max_tokens:
-            neg, _, trie_node, token, parent, depth = heapq.heappop(heap)
+            neg, _, trie_node, token, parent, depth, support = heapq.heappop(heap)
             index = len(draft.tokens)
             draft.tokens.append(token)
             draft.parents.append(parent)
             draft.probs.append(-neg)
+            draft.support.append(support)
             if depth < max_depth and children[trie_node]:
                 self._push_children(heap, order, trie_node, -neg, index, depth + 1, min_prob, branching)
         return draft
@@ -212,7 +216,7 @@ class SuffixTrie:
             if branching > 0:
                 ranked = ranked[:branching]
         for n, token, child in ranked:
-            heapq.heappush(heap, (-prob * n / total, next(order), child, token, parent, depth))
+            heapq.heappush(heap, (-prob * n / total, next(order), child, token, parent, depth, total))
 
     def _rank(self, kids: dict[int, int], min_prob: float = 0.0,
               prob: float = 1.0) -> tuple[int, list[tuple[int, int, int]]]:

@@ -22,6 +22,7 @@ from torch import Tensor
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import Drafter
 from specdec.engine.health import check_finite_logits
+from specdec.engine.node_planning import NodePlannedDrafting
 from specdec.engine.planner import SpeculationPlanner
 from specdec.engine.runner import Chunk, ChunkOutput, ModelRunner, Rows
 from specdec.engine.scheduler import ScheduledBatch, Scheduler, prefill_target
@@ -56,6 +57,9 @@ class Engine:
         self.tree = tree
         # A planner passed in keeps what an earlier engine of the same model and drafter measured.
         self.planner = (planner or SpeculationPlanner()) if config.adaptive_speculation else None
+        # Lookup drafters draft for every sequence before the plan, which then picks the nodes worth verifying.
+        self.nodes = (NodePlannedDrafting(drafter, tree, self.planner)
+                      if self.planner is not None and drafter.plans_by_node else None)
         self.runner = ModelRunner.create(model, config.num_blocks, config.block_size,
                                          prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.runner.cache)
@@ -171,6 +175,8 @@ class Engine:
         return [tree.cut(self.max_len - seq.table.length - 1) for seq, tree in zip(seqs, trees)]
 
     def _planned_trees(self, seqs: list[Sequence], prefill_tokens: int) -> list[TokenTree]:
+        if self.nodes is not None:
+            return self.nodes.trees(seqs, prefill_tokens)
         depths = self.planner.plan(seqs, self.tree, prefill_tokens)
         drafting = [seq for seq, d in zip(seqs, depths) if d > 0]
         trees: dict[int, TokenTree] = {}
@@ -195,21 +201,25 @@ class Engine:
         return outs[: len(batch.prefills)], outs[len(batch.prefills):]
 
     def _prefill_chunk(self, seq: Sequence, n: int) -> Chunk:
+        """A prefill chunk's rows of logits: the last one where the prompt ends (its first token), and those the
+        drafter reads among the prompt's last `prefill_logit_rows` positions (Token Recycling seeds its matrix
+        from them; each row is an LM-head row, so a drafter asks only for the rows it will use)."""
         start = seq.num_computed
-        done = start + n == prefill_target(seq)
-        if self.drafter.wants_prefill_logits:  # Token Recycling seeds its matrix from every prompt row's logits
-            rows = Rows.ALL
-        else:
-            rows = Rows.LAST if done and not seq.output_ids else Rows.NONE
-        return Chunk(seq.table, seq.token_ids[start: start + n], list(range(start, start + n)), None, rows)
+        end = start + n
+        target = prefill_target(seq)
+        seeded = max(0, end - max(start, target - self.drafter.prefill_logit_rows))
+        tail = max(seeded, 1 if end == target and not seq.output_ids else 0)
+        return Chunk(seq.table, seq.token_ids[start:end], list(range(start, end)), None,
+                     Rows.LAST if tail else Rows.NONE, tail=tail)
 
     def _finish_prefills(self, batch: ScheduledBatch, outs: list[ChunkOutput]) -> list[Sequence]:
         """Hand prefill features to the drafter; a sequence whose prompt is done draws its first token."""
         touched = []
         for (seq, n), out in zip(batch.prefills, outs):
             self.drafter.observe_prefill(seq, out.prefix_len, out.hidden)
-            if self.drafter.wants_prefill_logits:
-                self.drafter.observe_prefill_logits(seq, out.prefix_len, out.logits)
+            rows = 0 if out.logits is None else int(out.logits.shape[0])
+            if self.drafter.prefill_logit_rows and rows:  # the chunk's last `rows` positions
+                self.drafter.observe_prefill_logits(seq, out.prefix_len + n - rows, out.logits)
             self.scheduler.prefilled(seq)
             if seq.num_computed == prefill_target(seq) and not seq.output_ids:
                 self._emit(seq, [self._first_token(seq, out.logits[-1])])
@@ -267,6 +277,8 @@ class Engine:
             prefill_tokens = sum(n for _, n in batch.prefills)
             self.planner.observe_forward(prefill_tokens + sum(len(tree) for tree in trees),
                                          timing.committed - timing.proposed, prefill_tokens=prefill_tokens)
+        if self.nodes is not None:
+            self.nodes.observe(batch.decodes, trees, results)
         for seq, tree, result in zip(batch.decodes, trees, results):
             self._record(seq, tree, result, draft_s, verify_s)
             if self.planner is not None:

@@ -38,6 +38,7 @@ import bisect
 import heapq
 import math
 
+from specdec.drafters.calibration import AcceptanceCalibration
 from specdec.engine.sequence import Sequence
 from specdec.tree.spec import TreeSpec
 
@@ -47,6 +48,17 @@ PRIOR_BETA = 0.5  # P(accept depth 1) before any evidence
 # speculation can measure is re-measured. Without it, one stalled step could switch speculation off for good
 # (seen in the bench suite: a drafter at tau 1.00 beside the same drafter at 1.4 in the next run).
 EXPLORE_AFTER = 16
+# Node planning's measured gain is a long-run average: retrieval drafters win in bursts (a copied span) between
+# runs of steps with nothing to propose, and a short average dipped below the drafting cost after a few empty
+# steps and skipped the next burst (suffix fell from 1.31x to 1.17x at batch 1 with a decay of 1/4).
+NODE_GAIN_DECAY = 1 / 32
+NODE_GAIN_EVIDENCE = 8  # drafted steps at a batch size before drafting there may be skipped
+
+
+def is_pinned(seq: Sequence) -> bool:
+    """A seeded sampled request: its random draws depend on its tree's shape, so it always gets the drafter's
+    full tree, as proposed, whatever runs beside it."""
+    return not seq.params.greedy and seq.params.seed is not None
 
 
 class StepCost:
@@ -109,6 +121,10 @@ class SpeculationPlanner:
         self._accepted: list[float] = []  # drafter-wide: steps that accepted >= d+1 drafted tokens
         self._proposed: list[float] = []  # drafter-wide: steps whose tree reached depth d+1
         self._idle_plans = 0  # plans in a row that chose no speculation at all
+        # Node planning: P(accepted | parent accepted) by depth and score, optimistic while evidence is thin.
+        self.calibration = AcceptanceCalibration(optimism=1.0)
+        self._node_gain: dict[int, list[float]] = {}  # node planning, per batch-size bucket: gain statistics
+        self._skipped = 0  # node planning: steps in a row that skipped drafting
 
     # ----------------------------------------------------------------------------------------- observations
     def observe_forward(self, tokens: int, seconds: float, prefill_tokens: int = 0) -> None:
@@ -159,14 +175,8 @@ class SpeculationPlanner:
         """Tree depth per sequence (0 = no speculation) for the best expected goodput this step."""
         if not seqs or spec.depth == 0:
             return [0] * len(seqs)
-        # Prefill work is the same whatever is decided, so the decision is judged on decode steps alone: more
-        # tokens per second of decode work. Until a decode-only step has been timed, mixed steps stand in.
-        cost = self.cost
-        if cost.known:
-            prefill_tokens = 0
-        elif self.mixed_cost.known:
-            cost = self.mixed_cost
-        else:
+        cost, prefill_tokens = self._decode_cost(prefill_tokens)
+        if cost is None:
             return [spec.depth] * len(seqs)  # nothing measured yet: speculate fully once and learn
         prior = self._prior(spec.depth)
         betas = [self._blend(seq, prior) for seq in seqs]
@@ -177,7 +187,7 @@ class SpeculationPlanner:
         def draft_seconds(drafting: int, deepest: int) -> float:
             return draft.predict(drafting) * deepest if drafting and draft.known else 0.0
 
-        pinned = [not seq.params.greedy and seq.params.seed is not None for seq in seqs]
+        pinned = [is_pinned(seq) for seq in seqs]
         depths = [spec.depth if pin else 0 for pin in pinned]
         gained = sum(sum(b) for b, pin in zip(betas, pinned) if pin)
         extra_nodes = nodes[spec.depth] * sum(pinned)
@@ -208,11 +218,109 @@ class SpeculationPlanner:
         chosen = [spec.depth if pin else 0 for pin in pinned]
         for i in best_moves:
             chosen[i] += 1
+        return self._explore_if_idle(chosen, [b[0] for b in betas], [spec.depth] * len(seqs))
+
+    def plan_nodes(self, seqs: list[Sequence], probs: list[list[float]], prefill_tokens: int = 0) -> list[int]:
+        """How many nodes of each sequence's drafted tree to verify (0 = plain decode), from each node's
+        estimated probability of being on the accepted path.
+
+        For drafters cheap enough to run for every sequence before deciding (`Drafter.plans_by_node`):
+        `probs[i]` lists sequence i's drafted nodes best first (a node never before its parent, so every prefix
+        of the list is a tree). The search adds the next most probable node of any sequence while goodput,
+        expected tokens per second of the target step, improves; the drafting is already paid for. A node
+        the verifier would accept one time in ten is worth its row at batch 1 on this CPU, and at batch 16 only
+        a near-certain one is: the per-node probabilities decide which rows pay, where the depth plan above
+        can only say how deep a sequence's history says it should go."""
+        if not seqs:
+            return []
+        cost, prefill_tokens = self._decode_cost(prefill_tokens)
+        if cost is None:
+            return [len(p) for p in probs]  # nothing measured yet: verify every drafted node once and learn
+        pinned = [is_pinned(seq) for seq in seqs]
+        counts = [len(p) if pin else 0 for p, pin in zip(probs, pinned)]
+        gained = sum(sum(p) for p, pin in zip(probs, pinned) if pin)
+        tokens = prefill_tokens + len(seqs) + sum(counts)
+        best_rate = (len(seqs) + gained) / max(cost.predict(tokens), 1e-9)
+        best = list(counts)
+        heap = [(-p[0], i) for i, (p, pin) in enumerate(zip(probs, pinned)) if p and not pin]
+        heapq.heapify(heap)
+        while heap:
+            neg, i = heapq.heappop(heap)
+            counts[i] += 1
+            gained -= neg
+            tokens += 1
+            rate = (len(seqs) + gained) / max(cost.predict(tokens), 1e-9)
+            if rate > best_rate:
+                best_rate, best = rate, list(counts)
+            if counts[i] < len(probs[i]):
+                heapq.heappush(heap, (-probs[i][counts[i]], i))
+        return self._explore_if_idle(best, [p[0] if p else 0.0 for p in probs], [len(p) for p in probs])
+
+    def observe_node_step(self, num_seqs: int, verified_nodes: int, accepted: int) -> None:
+        """A node-planned step verified `verified_nodes` drafted nodes over `num_seqs` sequences and accepted
+        `accepted` of them: its goodput against plain decode's, both priced on the step-cost curve (the
+        accepted count is what happened, not what the calibration expected)."""
+        if not self.cost.known or num_seqs <= 0:
+            return
+        plain = max(self.cost.predict(num_seqs), 1e-9)
+        rate = (num_seqs + accepted) / max(self.cost.predict(num_seqs + verified_nodes), plain)  # rows never save
+        plain_rate = num_seqs / plain
+        gain = rate / plain_rate - 1.0
+        entry = self._node_gain.setdefault(StepCost._bucket(num_seqs), [0.0, 0.0, 0.0])  # mean, mean square, n
+        entry[2] += 1
+        weight = max(1.0 / entry[2], NODE_GAIN_DECAY)  # a plain mean at first, then a long moving average
+        entry[0] += weight * (gain - entry[0])
+        entry[1] += weight * (gain * gain - entry[1])
+
+    def should_draft(self, seqs: list[Sequence], prefill_tokens: int = 0) -> bool:
+        """Node planning: is drafting for these sequences worth its own cost this step?
+
+        A node-planned drafter's work happens before the plan, so the plan cannot price it; this does. It
+        pays when the goodput gain of recent drafted steps at this batch size (`observe_node_step`: the
+        nodes they verified and accepted, against plain decode) exceeds the drafting time as a share of the step. At batch 1 a lookup drafter's 0.3 ms
+        is 2% of a step and easily paid for; at batch 12 drafting every sequence costs about 5% of a step
+        while near-certain nodes are all that pay for their rows. Skipped steps are counted, and after
+        `EXPLORE_AFTER` of them one step drafts anyway, so the gain is measured again as the workload moves."""
+        if any(is_pinned(seq) for seq in seqs):
+            return True
+        cost, prefill_tokens = self._decode_cost(prefill_tokens)
+        mean, square, steps = self._node_gain.get(StepCost._bucket(len(seqs)), (0.0, 0.0, 0.0))
+        if cost is None or steps < NODE_GAIN_EVIDENCE or not self.draft_cost.known or self._skipped >= EXPLORE_AFTER:
+            self._skipped = 0
+            return True
+        # Optimistic, as the planner's acceptance estimates are: the mean plus one standard error. A bursty
+        # drafter's gain varies widely, so drafting is only skipped where the evidence is firm that it costs
+        # more than it wins (at batch 12 the gain is steadily near nothing; at batch 1 it is not).
+        spread = math.sqrt(max(square - mean * mean, 0.0) / min(steps, 1.0 / NODE_GAIN_DECAY))
+        share = self.draft_cost.predict(len(seqs)) / max(cost.predict(prefill_tokens + len(seqs)), 1e-9)
+        if mean + spread > share:
+            self._skipped = 0
+            return True
+        self._skipped += 1
+        return False
+
+    # ------------------------------------------------------------------------------------------- helpers
+    def _decode_cost(self, prefill_tokens: int) -> tuple[StepCost | None, int]:
+        """The step-cost curve a decision is judged on, and the prefill tokens to price in with it.
+
+        Prefill work is the same whatever is decided, so the decision is judged on decode steps alone: more
+        tokens per second of decode work. Until a decode-only step has been timed, mixed steps stand in."""
+        if self.cost.known:
+            return self.cost, 0
+        if self.mixed_cost.known:
+            return self.mixed_cost, prefill_tokens
+        return None, prefill_tokens
+
+    def _explore_if_idle(self, chosen: list[int], likelihood: list[float], full: list[int]) -> list[int]:
+        """After `EXPLORE_AFTER` plans in a row without speculation, the likeliest sequence gets its full tree
+        (`full[i]`: a depth or a node count) once, so that a price measured during a stall is measured again."""
         if any(chosen):
             self._idle_plans = 0
-        else:
-            self._idle_plans += 1
-            if self._idle_plans > EXPLORE_AFTER:  # re-measure: the likeliest sequence drafts its full tree once
+            return chosen
+        self._idle_plans += 1
+        if self._idle_plans > EXPLORE_AFTER:
+            i = max(range(len(chosen)), key=lambda j: (full[j] > 0, likelihood[j]))
+            if full[i]:
                 self._idle_plans = 0
-                chosen[max(range(len(seqs)), key=lambda i: betas[i][0])] = spec.depth
+                chosen[i] = full[i]
         return chosen

@@ -9,14 +9,13 @@ import pytest
 import torch
 
 from specdec.config import EngineConfig, SamplingParams
-from specdec.drafters.base import DrafterBase, DrafterContext
+from specdec.drafters.base import DrafterContext
 from specdec.drafters.hybrid import HybridDrafter
-from specdec.drafters.hybrid_merge import ScoredTree
 from specdec.drafters.none import NoDrafter
 from specdec.drafters.registry import build_drafter
 from specdec.errors import ConfigError
 from specdec.tree.spec import TreeSpec, chain
-from tests.helpers import run_all, tiny_engine, tiny_model
+from tests.helpers import ScriptedDrafter, run_all, tiny_engine, tiny_model
 
 VOCAB = 24
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [9, 8, 7, 9, 8], [4, 4, 4, 4], [1, 2, 3, 4, 5, 1, 2, 3]]
@@ -64,33 +63,11 @@ def test_hybrid_output_equals_plain_greedy_within_one_budget(model, spec, tree):
     assert tried > 0, "the calibration never saw a verified node"
 
 
-class Scripted(DrafterBase):
-    """Proposes a chain from a known greedy continuation, shifted by `offset` (0 = always right), claiming
-    `score` for every node."""
-
-    def __init__(self, name: str, continuation: dict[int, list[int]], offset: int, score: float) -> None:
-        self.name, self.continuation, self.offset, self.score = name, continuation, offset, score
-
-    def default_tree(self) -> TreeSpec:
-        return chain(2)
-
-    def propose_scored(self, seqs, spec):
-        out = []
-        for seq in seqs:
-            future = self.continuation[seq.seq_id][len(seq.output_ids):][: spec.depth]
-            tokens = [seq.last_token] + [(t + self.offset) % VOCAB for t in future]
-            out.append(ScoredTree(tokens, list(range(-1, len(tokens) - 1)), [0.0] + [self.score] * len(future)))
-        return out
-
-    def propose(self, seqs, spec):
-        raise AssertionError("the hybrid asks for scored trees")
-
-
 def test_calibration_moves_the_budget_to_the_part_the_verifier_accepts(model):
     plain, _ = run(model, NoDrafter(), chain(0))
     continuation = {i: s.output_ids for i, s in enumerate(plain)}
-    liar = Scripted("liar", continuation, offset=1, score=0.9)  # confident and always wrong
-    good = Scripted("good", continuation, offset=0, score=0.3)  # modest and always right
+    liar = ScriptedDrafter("liar", continuation, offset=1, score=0.9, vocab=VOCAB)  # confident and always wrong
+    good = ScriptedDrafter("good", continuation, offset=0, score=0.3, vocab=VOCAB)  # modest and always right
     drafter = HybridDrafter([("liar", liar), ("good", good)])
     before = drafter.calibration.estimate(1, 1, 0.9), drafter.calibration.estimate(2, 1, 0.3)
     seqs, trees = run(model, drafter, TreeSpec("dynamic", depth=2, topk=2, budget=2))

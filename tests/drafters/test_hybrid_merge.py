@@ -116,3 +116,15 @@ def test_observe_counts_only_the_nodes_the_verifier_tried():
 def test_score_bins_separate_small_probabilities():
     assert [score_bin(x) for x in (1.0, 0.7, 0.5, 0.35, 0.25)] == [0, 1, 2, 3, 4]
     assert score_bin(0.0) == score_bin(1e-9)
+
+
+def test_optimism_rates_unproven_kinds_up_until_they_are_tried():
+    from specdec.drafters.calibration import AcceptanceCalibration
+
+    plain, hopeful = AcceptanceCalibration(), AcceptanceCalibration(optimism=1.0)
+    assert hopeful.estimate(1, 3, 0.5) > plain.estimate(1, 3, 0.5) == 0.5
+    for _ in range(400):
+        for cal in (plain, hopeful):
+            cal.observe(1, 3, 0.5, accepted=True)
+    assert plain.estimate(1, 3, 0.5) > 0.97
+    assert hopeful.estimate(1, 3, 0.5) - plain.estimate(1, 3, 0.5) < 0.01  # evidence leaves little room

@@ -102,8 +102,23 @@ def test_prefill_seeds_each_prompt_tokens_row_with_the_logits_at_its_position(mo
         if i:
             succ, _ = drafter.matrix.rows(np.array([prompt[i - 1]]), np.array([token]))
             np.testing.assert_array_equal(succ[0], want.numpy())
-    unseeded = RecycleDrafter(VOCAB, k=4, seed=False)
+    unseeded = RecycleDrafter(VOCAB, k=4, seed=0)
     engine = tiny_engine(model, unseeded, chain(3))
     engine.add_request(prompt, SamplingParams(max_new_tokens=1, ignore_eos=True))
     run_all(engine)
     assert (unseeded.matrix.table < 0).all()
+
+
+def test_seeding_reads_only_the_prompts_last_rows(model):
+    """`seed=3`: the LM head runs for the prompt's last three positions only, across chunk boundaries."""
+    drafter = RecycleDrafter(VOCAB, k=4, seed=3)
+    engine = tiny_engine(model, drafter, chain(3), prefill_chunk=4)  # positions 7 | 8 9 lie in two chunks
+    prompt = [5, 1, 7, 2, 9, 3, 8, 6, 4, 10]
+    engine.add_request(prompt, SamplingParams(max_new_tokens=1, ignore_eos=True))
+    run_all(engine)
+    for i, token in enumerate(prompt):
+        if i >= len(prompt) - 3:
+            want = torch.sort(dense_next_logits(model, prompt[: i + 1]), descending=True, stable=True).indices[:4]
+            np.testing.assert_array_equal(drafter.matrix.table[token], want.numpy())
+        else:
+            assert (drafter.matrix.table[token] < 0).all(), f"position {i} was seeded"

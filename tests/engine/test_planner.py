@@ -115,3 +115,52 @@ def test_speculation_switched_off_is_tried_again_after_a_while():
     explored = [i for i, depths in enumerate(plans) if any(depths)]
     assert explored == [EXPLORE_AFTER, 2 * EXPLORE_AFTER + 1]
     assert plans[EXPLORE_AFTER] == [0, 0, 0, 3]  # one sequence, the likeliest to accept, with the full tree
+
+
+# ------------------------------------------------------------------------------------------ node planning
+def test_cheap_rows_verify_every_likely_node():
+    p = planner(cost_per_token=0.0001)
+    assert p.plan_nodes([seq(0), seq(1)], [[0.9, 0.8, 0.7], [0.6, 0.3]]) == [3, 2]
+
+
+def test_compute_bound_steps_verify_only_near_certain_nodes():
+    """Rows cost as much as a tenth of the step each: a node pays only if it is nearly sure to be accepted."""
+    p = planner(cost_per_token=0.002, fixed=0.01)
+    seqs = [seq(i) for i in range(8)]
+    probs = [[0.99, 0.97], [0.5, 0.2]] + [[0.3]] * 6
+    counts = p.plan_nodes(seqs, probs)
+    assert counts[0] >= 1 and counts[1:] == [0] * 7
+
+
+def test_node_plans_take_the_most_probable_nodes_across_sequences():
+    # fixed 20 ms, 4 ms a row: with ~2 tokens per step a row pays when p > ~0.4
+    p = planner(cost_per_token=0.004, fixed=0.02)
+    counts = p.plan_nodes([seq(0), seq(1)], [[0.95, 0.9, 0.2], [0.8, 0.05]])
+    assert counts == [2, 1]
+
+
+def test_node_plans_give_seeded_sampled_requests_every_node():
+    p = planner(cost_per_token=0.01, fixed=0.005)
+    pinned = seq(0, temperature=0.8, seed=3)
+    free = seq(1, temperature=0.8)
+    assert p.plan_nodes([pinned, free], [[0.1, 0.1], [0.1, 0.1]]) == [2, 0]
+    assert SpeculationPlanner().plan_nodes([seq(0), seq(1)], [[0.2, 0.1], [0.3]]) == [2, 1]  # nothing measured
+
+
+def test_drafting_is_skipped_while_it_costs_more_than_it_gains_and_retried():
+    from specdec.engine.planner import EXPLORE_AFTER, NODE_GAIN_EVIDENCE
+
+    seqs = [seq(i) for i in range(8)]
+    cheap = planner(cost_per_token=0.002, fixed=0.01)
+    cheap.observe_draft(1, 0.0001, num_seqs=8)
+    dear = planner(cost_per_token=0.002, fixed=0.01)
+    dear.observe_draft(1, 0.005, num_seqs=8)  # a fifth of the 26 ms step
+    for p in (cheap, dear):
+        for _ in range(NODE_GAIN_EVIDENCE):
+            assert p.should_draft(seqs)  # never skipped before the gain at this batch size is known
+            p.observe_node_step(8, verified_nodes=2, accepted=2)  # two tokens for two rows: +8% goodput
+    assert cheap.should_draft(seqs)
+    decisions = [dear.should_draft(seqs) for _ in range(EXPLORE_AFTER + 1)]
+    assert decisions == [False] * EXPLORE_AFTER + [True]  # skipped, then drafted once to measure again
+    pinned = seq(9, temperature=0.8, seed=1)
+    assert dear.should_draft(seqs + [pinned])  # a seeded sampled request always gets its drafter's tree

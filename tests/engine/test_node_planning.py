@@ -1,0 +1,65 @@
+"""Node planning: lookup drafters draft for every sequence, the planner verifies only the nodes that pay.
+
+Greedy outputs never depend on the plan (greedy equivalence on the default model covers suffix, ngram and
+recycle with it); these tests check that the engine feeds the calibration what the verifier accepted, that a
+drafter whose nodes are never accepted stops being consulted, and that a node plan never changes tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.config import SamplingParams
+from specdec.drafters.none import NoDrafter
+from specdec.engine.planner import EXPLORE_AFTER
+from specdec.tree.spec import chain
+from tests.helpers import ScriptedDrafter, tiny_engine, tiny_model
+
+VOCAB = 16
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(seed=5, vocab=VOCAB, sharpness=3.0)
+
+
+PARAMS = SamplingParams(max_new_tokens=40, ignore_eos=True)
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def generate(model, drafter, tree):
+    engine = tiny_engine(model, drafter, tree, kv_cache_tokens=1024, block_size=4)
+    seqs = [engine.add_request(p, PARAMS) for p in PROMPTS]
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+    return engine, [s.output_ids for s in seqs], steps
+
+
+def plain_continuations(model) -> tuple[dict[int, list[int]], list[list[int]]]:
+    _, outputs, _ = generate(model, NoDrafter(), chain(0))
+    return dict(enumerate(outputs)), outputs
+
+
+def test_right_drafts_are_verified_and_calibrated_up(model):
+    continuation, plain = plain_continuations(model)
+    drafter = ScriptedDrafter("right", continuation, offset=0, score=0.3, vocab=VOCAB, plans_by_node=True)
+    engine, outputs, steps = generate(model, drafter, chain(3))
+    assert outputs == plain
+    calibration = engine.planner.calibration
+    tried, accepted = calibration.observed(1, 1, 0.3)
+    assert tried > 0 and accepted == tried  # every verified first node was right, and the engine said so
+    assert calibration.estimate(1, 1, 0.3) > 0.3 + 0.3  # up from the drafter's modest claim
+    assert steps < 0.75 * len(plain[0])  # more than one token a step: the plan verified the drafts
+
+
+def test_a_drafter_whose_nodes_are_never_accepted_stops_being_consulted(model):
+    continuation, plain = plain_continuations(model)
+    drafter = ScriptedDrafter("liar", continuation, offset=1, score=0.9, vocab=VOCAB, plans_by_node=True)
+    engine, outputs, steps = generate(model, drafter, chain(3))
+    assert outputs == plain
+    assert engine.planner.calibration.estimate(1, 1, 0.9) < 0.9 - 0.2  # down from the drafter's claim
+    # drafting is skipped once its gain is measured at nothing, and retried once per EXPLORE_AFTER steps
+    assert drafter.proposals < steps / 3
+    assert drafter.proposals >= steps // (EXPLORE_AFTER + 1)
