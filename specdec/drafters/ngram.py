@@ -1,4 +1,4 @@
-"""`ngram[:n=3,k=8,branches=4]`: prompt lookup decoding, with several matches as branches of one tree.
+"""`ngram[:n=3,k=8,branches=1,nodes=0]`: prompt lookup decoding, several matches as branches of one tree.
 
 The last `m` tokens (m from n down to 1) are searched for in the prompt and the text generated so far; what
 followed each earlier occurrence is a guess at what comes next. Summaries, retrieval answers and code edits
@@ -12,7 +12,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from specdec.drafters.base import DrafterBase, DrafterContext
-from specdec.drafters.registry import int_arg, register, reject_unknown
+from specdec.drafters.registry import int_arg, node_planning_arg, register, reject_unknown
 from specdec.engine.sequence import Sequence
 from specdec.tree.growth import trie_tree
 from specdec.tree.spec import TreeKind, TreeSpec, chain, dynamic
@@ -21,7 +21,6 @@ from specdec.tree.token_tree import TokenTree
 
 class NgramDrafter(DrafterBase):
     name = "ngram"
-    plans_by_node = True  # lookups only: draft for all, verify the nodes that pay
 
     def __init__(self, n: int = 3, k: int = 8, branches: int = 1) -> None:
         self.n, self.k, self.branches = n, k, branches
@@ -69,5 +68,6 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> NgramDrafter:
     drafter = NgramDrafter(
         n=int_arg(args, "n", 3), k=int_arg(args, "k", 8), branches=int_arg(args, "branches", 1)
     )
+    drafter.plans_by_node = node_planning_arg(args)
     reject_unknown("ngram", args)
     return drafter

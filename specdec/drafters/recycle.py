@@ -1,4 +1,4 @@
-"""`recycle[:k=8,tree=<template>,min_prob=0,pairs=16,seed=64]`: Token Recycling (Luo et al., 2024), speculation
+"""`recycle[:k=8,tree=<template>,min_prob=0,pairs=16,seed=64,nodes=0]`: Token Recycling (Luo et al., 2024), speculation
 from the target's own discarded logits.
 
 Each verify pass computes the target's logits at every tree node; the top-k of each node's row is written into
@@ -26,7 +26,7 @@ from torch import Tensor
 from specdec.drafters.base import DrafterBase, DrafterContext
 from specdec.drafters.hybrid_merge import ScoredTree
 from specdec.drafters.recycle_matrix import AdjacencyMatrix, TemplateLayout, template_layout
-from specdec.drafters.registry import float_arg, int_arg, register, reject_unknown
+from specdec.drafters.registry import float_arg, int_arg, node_planning_arg, register, reject_unknown
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
 from specdec.tree.spec import TreeKind, TreeSpec, choices_of, parse_tree_spec
@@ -45,7 +45,6 @@ DEFAULT_PAIR_BITS = 16  # 65536 pair rows: 4.7 MiB beside the 3 MiB of single ro
 
 class RecycleDrafter(DrafterBase):
     name = "recycle"
-    plans_by_node = True  # lookups only: draft for all, verify the nodes that pay
     observes_verification = True  # the engine hands over the logits of every verified node
 
     def __init__(self, vocab_size: int, k: int = 8, tree: str = DEFAULT_TREE, min_prob: float = 0.0,
@@ -140,7 +139,10 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> RecycleDrafter:
     min_prob = float_arg(args, "min_prob", 0.0, 0.0, 1.0)
     pair_bits = int_arg(args, "pairs", DEFAULT_PAIR_BITS, minimum=0)
     seed = int_arg(args, "seed", DEFAULT_SEED_ROWS, minimum=0)
+    plans_by_node = node_planning_arg(args)
     reject_unknown("recycle", args)
     if pair_bits > 24:
         raise ConfigError(f"recycle option pairs is log2 of the pair table's rows, at most 24; got {pair_bits}")
-    return RecycleDrafter(ctx.target.model.config.vocab_size, k, tree, min_prob, pair_bits, seed)
+    drafter = RecycleDrafter(ctx.target.model.config.vocab_size, k, tree, min_prob, pair_bits, seed)
+    drafter.plans_by_node = plans_by_node
+    return drafter

@@ -1,5 +1,5 @@
 """`suffix[:k=3,depth=24,factor=1,offset=0,min_prob=0.1,global=1,global_nodes=200000,corpus=,corpus_depth=12,
-corpus_tokens=2000000]`: suffix decoding (Oliaro et al., NeurIPS 2025; ArcticInference; in vLLM and SGLang).
+corpus_tokens=2000000,nodes=0]`: suffix decoding (Oliaro et al., NeurIPS 2025; ArcticInference; in vLLM and SGLang).
 
 Two counted suffix tries (`suffix_index.py`): one per request over its prompt and the output so far, and one
 global trie over earlier requests' outputs (bounded to `global_nodes` nodes, oldest requests evicted first).
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from specdec.drafters.base import DrafterBase, DrafterContext
 from specdec.drafters.hybrid_merge import ScoredTree
-from specdec.drafters.registry import float_arg, int_arg, register, reject_unknown
+from specdec.drafters.registry import float_arg, int_arg, node_planning_arg, register, reject_unknown
 from specdec.drafters.suffix_corpus import corpus_folder, load_corpus_trie
 from specdec.drafters.suffix_index import GlobalSuffixIndex, SuffixDraft, SuffixTrie
 from specdec.engine.sequence import Sequence
@@ -49,7 +49,6 @@ class SuffixState:
 
 class SuffixDrafter(DrafterBase):
     name = "suffix"
-    plans_by_node = True  # lookups only: draft for all, verify the nodes that pay
 
     def __init__(self, depth: int = 24, factor: float = 1.0, offset: float = 0.0, min_prob: float = 0.1,
                  use_global: bool = True, global_nodes: int = 200_000, default_chain: int = DEFAULT_CHAIN,
@@ -136,6 +135,7 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> SuffixDrafter:
     corpus = args.pop("corpus", None)
     corpus_depth = int_arg(args, "corpus_depth", 12, minimum=2)
     corpus_tokens = int_arg(args, "corpus_tokens", 2_000_000, minimum=1)
+    drafter.plans_by_node = node_planning_arg(args)
     reject_unknown("suffix", args)
     if corpus:
         drafter.corpus = load_corpus_trie(corpus_folder(corpus, ctx.target), ctx.target, corpus_depth, corpus_tokens)

@@ -63,3 +63,33 @@ def test_a_drafter_whose_nodes_are_never_accepted_stops_being_consulted(model):
     # drafting is skipped once its gain is measured at nothing, and retried once per EXPLORE_AFTER steps
     assert drafter.proposals < steps / 3
     assert drafter.proposals >= steps // (EXPLORE_AFTER + 1)
+
+
+def test_node_planning_is_an_opt_in_option_of_the_lookup_drafters():
+    from types import SimpleNamespace
+
+    from specdec.drafters.registry import build_drafter
+    from specdec.errors import ConfigError
+
+    ctx = SimpleNamespace(target=SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=VOCAB))))
+    for name in ("suffix", "ngram", "recycle"):
+        assert not build_drafter(name, ctx).plans_by_node
+        assert build_drafter(f"{name}:nodes=1", ctx).plans_by_node
+        with pytest.raises(ConfigError, match="nodes"):
+            build_drafter(f"{name}:nodes=2", ctx)
+
+
+@pytest.mark.parametrize("name", ["suffix", "ngram", "recycle"])
+def test_real_lookup_drafters_with_node_planning_give_plain_greedy_output(model, name):
+    from specdec.drafters.ngram import NgramDrafter
+    from specdec.drafters.recycle import RecycleDrafter
+    from specdec.drafters.suffix import SuffixDrafter
+
+    drafter = {"suffix": lambda: SuffixDrafter(), "ngram": lambda: NgramDrafter(n=2, k=4),
+               "recycle": lambda: RecycleDrafter(VOCAB, k=4)}[name]()
+    drafter.plans_by_node = True
+    _, plain = plain_continuations(model)
+    engine, outputs, _ = generate(model, drafter, chain(4))
+    assert outputs == plain
+    tried = sum(c[0] for c in engine.planner.calibration._counts.values())
+    assert tried > 0, "the calibration never saw a verified node"
