@@ -76,8 +76,8 @@ def float_arg(args: dict[str, str], key: str, default: float, low: float, high: 
 def node_planning_arg(args: dict[str, str]) -> bool:
     """Option `nodes=1` of the lookup drafters: node planning (`specdec/engine/node_planning.py`), opt-in.
 
-    Off by default: interleaved on this CPU it was within noise of the depth planner at batch 1 (-2% to +2%)
-    and at batch 12 ahead in three runs (+1% to +3%) and behind in the last (-2%)."""
+    Off by default: interleaved with the depth planner on this CPU, its final form was within 2% of it at
+    batch 1, and at batch 12 it ran 2% behind for suffix and ngram (ahead by 1-3% with earlier drafting rules)."""
     raw = args.pop("nodes", None)
     if raw is None or raw in ("0", "1"):
         return raw == "1"
