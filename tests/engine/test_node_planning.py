@@ -13,7 +13,8 @@ from specdec.config import SamplingParams
 from specdec.drafters.none import NoDrafter
 from specdec.engine.planner import EXPLORE_AFTER
 from specdec.tree.spec import chain
-from tests.helpers import ScriptedDrafter, tiny_engine, tiny_model
+from specdec.tree.token_tree import TokenTree
+from tests.helpers import ScriptedDrafter, run_all, tiny_engine, tiny_model
 
 VOCAB = 16
 
@@ -93,3 +94,31 @@ def test_real_lookup_drafters_with_node_planning_give_plain_greedy_output(model,
     assert outputs == plain
     tried = sum(c[0] for c in engine.planner.calibration._counts.values())
     assert tried > 0, "the calibration never saw a verified node"
+
+
+def test_a_seeded_sampled_request_verifies_its_drafters_own_tree(model):
+    """A pinned request's tree is the drafter's proposal as made (ranking and cutting would make its shape, so
+    its random draws, depend on what the calibration learnt from other requests); the others are ranked."""
+    from specdec.drafters.base import DrafterBase
+    from specdec.drafters.hybrid_merge import ScoredTree
+
+    class TwoFaced(DrafterBase):
+        plans_by_node = True
+
+        def default_tree(self):
+            return chain(3)
+
+        def propose(self, seqs, spec):
+            return [TokenTree.chain([s.last_token, 1, 2, 3]) for s in seqs]
+
+        def propose_scored(self, seqs, spec):
+            return [ScoredTree([s.last_token, 4, 5], [-1, 0, 1], [0.0, 0.9, 0.9]) for s in seqs]
+
+    engine = tiny_engine(model, TwoFaced(), chain(3), kv_cache_tokens=1024, block_size=4)
+    seen: dict[int, list[list[int]]] = {}
+    engine.step_observers.append(lambda seq, tree, result: seen.setdefault(seq.seq_id, []).append(tree.token_list[1:]))
+    pinned = engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=8, temperature=1.0, seed=7, ignore_eos=True))
+    free = engine.add_request([4, 5, 6], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    run_all(engine)
+    assert seen[pinned.seq_id] and all(t == [1, 2, 3] for t in seen[pinned.seq_id])
+    assert seen[free.seq_id] and all(t == [4, 5][: len(t)] for t in seen[free.seq_id])
