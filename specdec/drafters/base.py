@@ -40,8 +40,9 @@ class Drafter(Protocol):
     feature_layers: tuple[int, ...]
     # Model-free drafters that learn from the target (Token Recycling) read the verify pass's logits at every
     # tree node (`observe_verified`), and optionally the logits of the prompt's last `prefill_logit_rows`
-    # positions (`observe_prefill_logits`; each costs an LM-head row). A tree built by several drafters carries `TokenTree.source`, an
-    # index into `source_names` (hybrid), so metrics can say who proposed each accepted token.
+    # positions (`observe_prefill_logits`; each costs an LM-head row). A tree built by several drafters carries
+    # `TokenTree.source`, an index into `source_names` (hybrid), so metrics can say who proposed each accepted
+    # token.
     observes_verification: bool
     prefill_logit_rows: int
     source_names: tuple[str, ...]
