@@ -11,8 +11,9 @@ cost is a few hundred dictionary steps. The default tree is a chain of `k` = 3 t
 grows branching trees instead.
 
 `corpus=<folder>` (or `corpus=default`, where `specdec data build` writes for this target) adds a third,
-read-only trie over a corpus of the target's own answers (`suffix_corpus.py`), indexed to `corpus_depth`
-tokens when the drafter is built; its draft competes with the other two on the same score.
+read-only index over a corpus of the target's own answers (`suffix_corpus.py`: a suffix array matching up to
+`corpus_depth` tokens, built when the drafter is); its draft competes with the other two on the same score,
+and may run as deep as the tree spec allows, however long the match.
 
 Per-request state is the request's trie and how many of its tokens it has indexed; it only ever grows with
 committed tokens (never with drafts), so a rejected draft leaves nothing to undo. A preempted request drops
@@ -27,7 +28,8 @@ from dataclasses import dataclass
 from specdec.drafters.base import DrafterBase, DrafterContext
 from specdec.drafters.hybrid_merge import ScoredTree
 from specdec.drafters.registry import float_arg, int_arg, node_planning_arg, register, reject_unknown
-from specdec.drafters.suffix_corpus import corpus_folder, load_corpus_trie
+from specdec.drafters.suffix_array import CorpusSuffixArray
+from specdec.drafters.suffix_corpus import corpus_folder, load_corpus_index
 from specdec.drafters.suffix_index import GlobalSuffixIndex, SuffixDraft, SuffixTrie
 from specdec.engine.sequence import Sequence
 from specdec.tree.spec import TreeKind, TreeSpec, chain
@@ -52,7 +54,7 @@ class SuffixDrafter(DrafterBase):
 
     def __init__(self, depth: int = 24, factor: float = 1.0, offset: float = 0.0, min_prob: float = 0.1,
                  use_global: bool = True, global_nodes: int = 200_000, default_chain: int = DEFAULT_CHAIN,
-                 corpus: SuffixTrie | None = None) -> None:
+                 corpus: CorpusSuffixArray | None = None) -> None:
         self.depth = depth
         self.corpus = corpus
         self.factor, self.offset, self.min_prob = factor, offset, min_prob
@@ -92,11 +94,14 @@ class SuffixDrafter(DrafterBase):
         depth = min(spec.depth, self.depth - 1)
         best = state.trie.speculate(tokens, spec.budget, depth, self.factor, self.offset, self.min_prob,
                                     branching, seq_id=LOCAL)
-        shared = [self.index.trie] if self.index is not None and self.index.num_requests else []
-        if self.corpus is not None:
-            shared.append(self.corpus)
-        for trie in shared:
-            other = trie.speculate(tokens, spec.budget, depth, self.factor, self.offset, self.min_prob, branching)
+        others = []
+        if self.index is not None and self.index.num_requests:
+            others.append(self.index.trie.speculate(tokens, spec.budget, depth, self.factor, self.offset,
+                                                    self.min_prob, branching))
+        if self.corpus is not None:  # not bounded by the tries' depth: a long match can draft a long chain
+            others.append(self.corpus.speculate(tokens, spec.budget, spec.depth, self.factor, self.offset,
+                                                self.min_prob, branching))
+        for other in others:
             if other.score > best.score:
                 best = other
         return best
@@ -138,5 +143,6 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> SuffixDrafter:
     drafter.plans_by_node = node_planning_arg(args)
     reject_unknown("suffix", args)
     if corpus:
-        drafter.corpus = load_corpus_trie(corpus_folder(corpus, ctx.target), ctx.target, corpus_depth, corpus_tokens)
+        drafter.corpus = load_corpus_index(corpus_folder(corpus, ctx.target), ctx.target, corpus_depth,
+                                           corpus_tokens)
     return drafter

@@ -24,12 +24,13 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from specdec.errors import ConfigError
 
 ROOT = 0
-_PERMANENT = -1  # the sequence id add_permanent indexes under for a moment (callers use ids >= 0)
 
 
 @dataclass
@@ -48,6 +49,29 @@ class SuffixDraft:
         return sum(self.probs)
 
 
+Push = Callable[[list, itertools.count, Any, float, int, int], None]
+
+
+def best_first(push: Push, root: Any, max_tokens: int, max_depth: int) -> SuffixDraft:
+    """Grow a draft most probable node first. `push(heap, order, key, prob, parent, depth)` pushes the children
+    of the node `key` (probability `prob`, draft index `parent`) as `(-prob, next(order), child key, token,
+    parent, depth, support)`; the trie's keys are its nodes, the corpus array's the positions of occurrences."""
+    draft = SuffixDraft()
+    heap: list[tuple[float, int, Any, int, int, int, int]] = []
+    order = itertools.count()
+    push(heap, order, root, 1.0, -1, 1)
+    while heap and len(draft.tokens) < max_tokens:
+        neg, _, key, token, parent, depth, support = heapq.heappop(heap)
+        index = len(draft.tokens)
+        draft.tokens.append(token)
+        draft.parents.append(parent)
+        draft.probs.append(-neg)
+        draft.support.append(support)
+        if depth < max_depth:
+            push(heap, order, key, -neg, index, depth + 1)
+    return draft
+
+
 class SuffixTrie:
     def __init__(self, max_depth: int = 24) -> None:
         if max_depth < 2:
@@ -58,7 +82,6 @@ class SuffixTrie:
         self._free: list[int] = []  # node ids to reuse
         self._seqs: dict[int, list[int]] = {}  # sequence id -> its tokens (removal walks them again)
         self._active: dict[int, list[int]] = {}  # sequence id -> nodes of its live suffixes, longest first
-        self._ranked: dict[int, tuple[int, list[tuple[int, int, int]]]] | None = None  # set by freeze()
 
     # ----------------------------------------------------------------------------------------------- size
     @property
@@ -79,8 +102,6 @@ class SuffixTrie:
     # ------------------------------------------------------------------------------------------- updates
     def extend(self, seq_id: int, tokens: list[int]) -> None:
         """Append `tokens` to sequence `seq_id` (a new id starts a new sequence)."""
-        if self._ranked is not None:
-            raise ConfigError("this suffix trie is frozen (a read-only corpus): it cannot index more tokens")
         seq = self._seqs.setdefault(seq_id, [])
         active = self._active.setdefault(seq_id, [])
         children, count, limit = self._children, self._count, self.max_depth - 1
@@ -99,13 +120,6 @@ class SuffixTrie:
                 del active[0]
             seq.append(token)
         count[ROOT] += len(tokens)
-
-    def add_permanent(self, tokens: list[int]) -> None:
-        """Index `tokens` for good: counted like any sequence, but its tokens are not kept, so it can never be
-        removed (a read-only corpus; saves a Python list per sequence)."""
-        self.extend(_PERMANENT, tokens)
-        self.close(_PERMANENT)
-        del self._seqs[_PERMANENT]
 
     def close(self, seq_id: int) -> None:
         """The sequence will not grow again: drop its live-suffix list (its counts stay)."""
@@ -180,22 +194,9 @@ class SuffixTrie:
 
     def expand(self, node: int, max_tokens: int, max_depth: int, min_prob: float, branching: int = 0) -> SuffixDraft:
         """Best-first frequency-weighted expansion below `node`."""
-        draft = SuffixDraft()
-        # (-prob, order, trie node, token, parent, depth, support)
-        heap: list[tuple[float, int, int, int, int, int, int]] = []
-        order = itertools.count()
-        self._push_children(heap, order, node, 1.0, -1, 1, min_prob, branching)
-        children = self._children
-        while heap and len(draft.tokens) < max_tokens:
-            neg, _, trie_node, token, parent, depth, support = heapq.heappop(heap)
-            index = len(draft.tokens)
-            draft.tokens.append(token)
-            draft.parents.append(parent)
-            draft.probs.append(-neg)
-            draft.support.append(support)
-            if depth < max_depth and children[trie_node]:
-                self._push_children(heap, order, trie_node, -neg, index, depth + 1, min_prob, branching)
-        return draft
+        def push(heap: list, order: itertools.count, trie_node: int, prob: float, parent: int, depth: int) -> None:
+            self._push_children(heap, order, trie_node, prob, parent, depth, min_prob, branching)
+        return best_first(push, node, max_tokens, max_depth)
 
     # ------------------------------------------------------------------------------------------ internals
     def _push_children(self, heap: list, order: itertools.count, node: int, prob: float, parent: int, depth: int,
@@ -203,18 +204,9 @@ class SuffixTrie:
         kids = self._children[node]
         if not kids:
             return
-        if self._ranked is not None:  # frozen: every node's children ranked once, on first use
-            cached = self._ranked.get(node)
-            if cached is None:
-                cached = self._ranked[node] = self._rank(kids)
-            total, ranked = cached
-            need = min_prob * total / prob
-            cut = len(ranked) if branching <= 0 else min(branching, len(ranked))
-            ranked = list(itertools.takewhile(lambda entry: entry[0] >= need, ranked[:cut]))
-        else:
-            total, ranked = self._rank(kids, min_prob, prob)
-            if branching > 0:
-                ranked = ranked[:branching]
+        total, ranked = self._rank(kids, min_prob, prob)
+        if branching > 0:
+            ranked = ranked[:branching]
         for n, token, child in ranked:
             heapq.heappush(heap, (-prob * n / total, next(order), child, token, parent, depth, total))
 
@@ -226,12 +218,6 @@ class SuffixTrie:
         total = sum(count[c] for c in kids.values())
         need = min_prob * total / prob  # the least count that keeps a child above min_prob
         return total, sorted(((count[c], t, c) for t, c in kids.items() if count[c] >= need), reverse=True)
-
-    def freeze(self) -> None:
-        """No more changes: cache each node's ranked children on first use. In a large corpus the shallow
-        nodes have thousands of children (every token that ever followed "the"), and ranking them again at
-        every step was most of the corpus trie's drafting time."""
-        self._ranked = {}
 
     def _walk(self, pattern: list[int]) -> int | None:
         if len(pattern) > self.max_depth:

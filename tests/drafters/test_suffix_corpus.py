@@ -1,4 +1,4 @@
-"""`suffix:corpus=...`: a read-only trie over the target's own answers drafts what followed in them, keeps the
+"""`suffix:corpus=...`: a read-only index over the target's own answers drafts what followed in them, keeps the
 output lossless, is bounded by `corpus_tokens`, and refuses a corpus that is missing, empty or written for
 another tokenizer."""
 
@@ -11,7 +11,7 @@ import pytest
 from specdec.config import SamplingParams
 from specdec.drafters.none import NoDrafter
 from specdec.drafters.suffix import SuffixDrafter
-from specdec.drafters.suffix_corpus import load_corpus_trie
+from specdec.drafters.suffix_corpus import load_corpus_index
 from specdec.drafters.suffix_index import SuffixTrie
 from specdec.errors import ConfigError
 from specdec.models.loader import LoadedModel
@@ -57,7 +57,7 @@ def generate(target: LoadedModel, drafter, tree, new_tokens: int = 40):
 def test_the_corpus_drafts_the_targets_own_answer_and_output_stays_plain(target, tmp_path):
     plain = generate(target, NoDrafter(), chain(0)).output_ids
     folder = write_corpus(tmp_path / "corpus", target, [[7, 7, 2], list(plain), [9, 8, 7, 6]])
-    corpus = load_corpus_trie(folder, target, depth=12, max_tokens=10_000)
+    corpus = load_corpus_index(folder, target, match_depth=12, max_tokens=10_000)
     without = generate(target, SuffixDrafter(depth=12, use_global=False), chain(6))
     with_corpus = generate(target, SuffixDrafter(depth=12, use_global=False, corpus=corpus), chain(6))
     assert with_corpus.output_ids == without.output_ids == plain
@@ -69,27 +69,27 @@ def test_the_corpus_drafts_the_targets_own_answer_and_output_stays_plain(target,
 
 def test_the_corpus_counts_equal_indexing_each_answer_as_a_sequence(target, tmp_path):
     answers = [[1, 2, 3, 1, 2], [2, 3, 1], [5, 5, 5, 5]]
-    corpus = load_corpus_trie(write_corpus(tmp_path / "c", target, answers), target, depth=4, max_tokens=100)
+    corpus = load_corpus_index(write_corpus(tmp_path / "c", target, answers), target, match_depth=4, max_tokens=100)
     reference = SuffixTrie(4)
     for i, ids in enumerate(answers):
         reference.extend(i, ids)
         reference.close(i)
     for pattern in ([1], [2, 3], [1, 2], [2, 3, 1], [5, 5, 5], [3, 1, 2], [4]):
         assert corpus.count(pattern) == reference.count(pattern), pattern
-    assert corpus.num_nodes == reference.num_nodes and corpus.num_sequences == 0  # nothing kept to remove
+    assert corpus.num_tokens == sum(map(len, answers))
 
 
 def test_corpus_tokens_bounds_what_is_read(target, tmp_path):
     folder = write_corpus(tmp_path / "c", target, [[1, 2, 3, 4]] * 5)
-    assert load_corpus_trie(folder, target, depth=4, max_tokens=9).count([1]) == 2  # two whole answers fit
-    assert load_corpus_trie(folder, target, depth=4, max_tokens=20).count([1]) == 5
+    assert load_corpus_index(folder, target, match_depth=4, max_tokens=9).count([1]) == 2  # two whole answers fit
+    assert load_corpus_index(folder, target, match_depth=4, max_tokens=20).count([1]) == 5
 
 
 def test_a_missing_empty_or_foreign_corpus_is_refused(target, tmp_path):
     with pytest.raises(ConfigError, match="specdec data build"):
-        load_corpus_trie(tmp_path / "nowhere", target, depth=4, max_tokens=100)
+        load_corpus_index(tmp_path / "nowhere", target, match_depth=4, max_tokens=100)
     with pytest.raises(ConfigError, match="holds no answers"):
-        load_corpus_trie(write_corpus(tmp_path / "empty", target, []), target, depth=4, max_tokens=100)
+        load_corpus_index(write_corpus(tmp_path / "empty", target, []), target, match_depth=4, max_tokens=100)
     foreign = write_corpus(tmp_path / "foreign", target, [[1, 2, 3]], vocab=VOCAB + 8)
     with pytest.raises(ConfigError, match="another tokenizer"):
-        load_corpus_trie(foreign, target, depth=4, max_tokens=100)
+        load_corpus_index(foreign, target, match_depth=4, max_tokens=100)

@@ -23,6 +23,16 @@ def random_seqs(rng: random.Random, n: int, alphabet: int, low: int = 5, high: i
     return [[rng.randrange(alphabet) for _ in range(rng.randint(low, high))] for _ in range(n)]
 
 
+def assert_counts_are_naive(count, seqs: list[list[int]], rng: random.Random, max_len: int, trials: int) -> None:
+    """`count(pattern)` equals naive counting for patterns drawn from the text (70%) or at random."""
+    for _ in range(trials):
+        s = rng.choice(seqs)
+        m = rng.randint(1, max_len)
+        start = rng.randint(0, max(len(s) - m, 0))
+        pattern = s[start: start + m] if rng.random() < 0.7 else [rng.randrange(6) for _ in range(m)]
+        assert count(pattern) == naive_count(seqs, pattern), pattern
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_counts_and_nodes_equal_naive_counting(seed):
     rng = random.Random(seed)
@@ -33,12 +43,7 @@ def test_counts_and_nodes_equal_naive_counting(seed):
         cut = rng.randint(0, len(s))  # appended in two pieces: extension must not depend on how it is split
         trie.extend(i, s[:cut])
         trie.extend(i, s[cut:])
-    for _ in range(300):
-        s = rng.choice(seqs)
-        m = rng.randint(1, depth)
-        start = rng.randint(0, max(len(s) - m, 0))
-        pattern = s[start: start + m] if rng.random() < 0.7 else [rng.randrange(5) for _ in range(m)]
-        assert trie.count(pattern) == naive_count(seqs, pattern), pattern
+    assert_counts_are_naive(trie.count, seqs, rng, depth, 300)
     assert trie.num_nodes == distinct_substrings(seqs, depth)
 
 
@@ -195,24 +200,3 @@ def test_a_shorter_match_wins_when_its_continuations_score_higher():
         trie.extend(i, [1, 2, 3, 4, 8])  # "1 2" continued three times with "3 4"
     draft = trie.speculate([7, 5, 1, 2], max_tokens=8, max_depth=8, factor=1.0, min_prob=0.0)
     assert draft.match_len == 2 and draft.tokens[:2] == [3, 4]
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_a_frozen_trie_drafts_exactly_what_the_live_one_does_and_refuses_changes(seed):
-    rng = random.Random(700 + seed)
-    seqs = random_seqs(rng, 6, alphabet=5, low=40, high=120)
-    live, frozen = SuffixTrie(8), SuffixTrie(8)
-    for i, s in enumerate(seqs):
-        live.extend(i, s)
-        live.close(i)
-        frozen.add_permanent(s)
-    frozen.freeze()
-    for _ in range(40):
-        context = seqs[rng.randrange(len(seqs))][: rng.randint(1, 40)] + [rng.randrange(5)]
-        args = (rng.randint(1, 12), rng.randint(1, 6), rng.choice([0.5, 1.0, 3.0]), 0.0, rng.choice([0.0, 0.1, 0.3]),
-                rng.choice([0, 1, 2]))
-        for _ in range(2):  # the second call reads the ranked children cached by the first
-            a, b = live.speculate(context, *args), frozen.speculate(context, *args)
-            assert (a.tokens, a.parents, a.probs, a.match_len) == (b.tokens, b.parents, b.probs, b.match_len)
-    with pytest.raises(ConfigError, match="frozen"):
-        frozen.extend(0, [1, 2, 3])
