@@ -36,8 +36,10 @@ from specdec.tree.spec import parse_tree_spec
 from plain_decode import copy_bandwidth, weight_bytes  # bench/ is the script's own folder
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CONFIGS = [  # (label, drafter, tree); the draft tree shares the chain's draft model
+CONFIGS = [  # (label, drafter, tree); every draft configuration shares the first one's draft model
     ("plain int8", "none", None),
+    ("draft:0.5b chain k=2", "draft", "chain:k=2"),
+    ("draft:0.5b chain k=3", "draft", "chain:k=3"),
     ("draft:0.5b chain k=4", "draft", "chain:k=4"),
     ("draft:0.5b tree", "draft", "dynamic:depth=4,topk=2,budget=8"),
     ("ngram", "ngram", "chain:k=5"),
@@ -83,10 +85,11 @@ def build_engines(target: str, kv_tokens: int) -> tuple[dict[str, LLM], object]:
     engine_config = EngineConfig(kv_cache_tokens=kv_tokens, adaptive_speculation=False)
     loaded = load_model(target, show_progress=False, quantize="int8")
     engines: dict[str, LLM] = {}
+    first_draft = next(label for label, drafter, _ in CONFIGS if drafter == "draft")
     for label, drafter, tree in CONFIGS:
-        if drafter == "draft" and "draft:0.5b chain k=4" in engines and label != "draft:0.5b chain k=4":
+        if drafter == "draft" and first_draft in engines:
             llm = LLM.from_loaded(loaded, "none", quantize="int8", engine_config=engine_config)
-            shared = engines["draft:0.5b chain k=4"].drafter  # one 0.5B draft model, two tree shapes
+            shared = engines[first_draft].drafter  # one 0.5B draft model, several tree shapes
             spec = parse_tree_spec(tree, engine_config.max_tree_nodes)
             llm.engine = Engine(loaded.model, llm.tokenizer, engine_config, shared, spec, SpeculationPlanner())
             llm.drafter, llm.tree_spec, llm.drafter_spec = shared, spec, drafter
@@ -160,7 +163,7 @@ def main() -> None:
         "prompt_tokens": [len(ids) for ids in encoded], "threads": 1, "llama_cpp_build": build,
         "speculative_equals_plain": not mismatches, "mismatches": mismatches,
         "machine": platform.processor() or platform.machine(), "shared_machine": True, "runs": runs,
-        "command": "OMP_NUM_THREADS=1 nice -n 10 python bench/qwen_pair.py " + " ".join(
+        "command": "OMP_NUM_THREADS=1 python bench/qwen_pair.py " + " ".join(
             f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
             if k not in ("out", "no_llama_cpp")) + (" --no-llama-cpp" if args.no_llama_cpp else ""),
     })

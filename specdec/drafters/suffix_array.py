@@ -2,9 +2,9 @@
 
 The corpus drafter asks what `SuffixTrie` answers (which suffixes of the context occurred, and what followed
 them, how often), over a million tokens that never change. A Python trie holds that in about 250 bytes a node:
-2.5 GB for the 1.1M-token default corpus indexed 12 deep. Here the corpus is one int32 array (answers separated
-by `SEP`) and the index is a second one, every token position sorted by the tokens *before* it, read backwards
-(the position's own token first, then the one before, up to `match_depth`).
+6.9M nodes and 1.5 GB for the 1.1M-token default corpus indexed 12 deep. Here the corpus is one int32 array
+(answers separated by `SEP`) and the index is a second one, every token position sorted by the tokens *before*
+it, read backwards (the position's own token first, then the one before, up to `match_depth`): 9 MB.
 
 Sorting by the reversed text makes matching one narrowing search: the positions where the context's last token
 occurs are one range, those where its last two occur are a sub-range of it, and so on, so every match length
@@ -21,6 +21,7 @@ counts become an estimate; longer, rarer matches are counted exactly).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections.abc import Iterable
@@ -32,6 +33,7 @@ from specdec.errors import ConfigError
 
 SEP = -1  # between answers (and before the first): no match or continuation crosses it
 DEFAULT_SAMPLE = 1024
+GATHER_MAX = 256  # a range up to this size is searched by one gather and np.searchsorted, larger ones by bisection
 
 
 class CorpusSuffixArray:
@@ -41,6 +43,8 @@ class CorpusSuffixArray:
         self.match_depth = match_depth
         self.sample = sample
         # the positions whose last token is v are order[starts[v]:starts[v + 1]] (the first search is a lookup)
+        self._tokens_mv, self._order_mv = memoryview(tokens), memoryview(order)  # Python ints, no copy
+        self._indices = range(order.size)
         last = tokens[order]
         self._starts = np.searchsorted(last, np.arange(int(last[-1]) + 2 if len(last) else 1))
 
@@ -99,9 +103,16 @@ class CorpusSuffixArray:
                 break
             # every position in [lo, hi) matched j tokens, so the token j back is the key that orders the range
             # (the separator itself where the answer began j tokens back)
-            column = self.tokens[self.order[lo:hi] - j]
             token = context[-1 - j]
-            lo, hi = lo + int(np.searchsorted(column, token, "left")), lo + int(np.searchsorted(column, token, "right"))
+            if hi - lo > GATHER_MAX:  # bisect by scalar reads: a frequent token's range is tens of thousands
+                def key(i: int, j: int = j) -> int:
+                    return self._tokens_mv[self._order_mv[i] - j]
+                lo = bisect.bisect_left(self._indices, token, lo, hi, key=key)
+                hi = bisect.bisect_right(self._indices, token, lo, hi, key=key)
+            else:
+                column = self.tokens[self.order[lo:hi] - j]
+                lo, hi = (lo + int(np.searchsorted(column, token, "left")),
+                          lo + int(np.searchsorted(column, token, "right")))
         return out
 
     def count(self, pattern: list[int]) -> int:

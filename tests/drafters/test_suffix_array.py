@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from specdec.drafters import suffix_array
 from specdec.drafters.suffix_array import CorpusSuffixArray
 from specdec.drafters.suffix_index import SuffixTrie
 from specdec.errors import ConfigError
@@ -25,8 +26,10 @@ def reference_trie(seqs: list[list[int]]) -> SuffixTrie:
     return trie
 
 
+@pytest.mark.parametrize("gather_max", [0, 256])
 @pytest.mark.parametrize("seed", range(6))
-def test_counts_equal_naive_counting(seed):
+def test_counts_equal_naive_counting(seed, gather_max, monkeypatch):
+    monkeypatch.setattr(suffix_array, "GATHER_MAX", gather_max)
     rng = random.Random(900 + seed)
     seqs = random_seqs(rng, 7, alphabet=rng.choice([2, 3, 5]))
     array = CorpusSuffixArray.build(seqs, MATCH)
@@ -34,10 +37,12 @@ def test_counts_equal_naive_counting(seed):
     assert_counts_are_naive(array.count, seqs, rng, MATCH, 200)
 
 
+@pytest.mark.parametrize("gather_max", [0, 256])  # ranges searched by bisection, or by gather + searchsorted
 @pytest.mark.parametrize("seed", range(8))
-def test_drafts_equal_the_tries_drafts(seed):
+def test_drafts_equal_the_tries_drafts(seed, gather_max, monkeypatch):
     """Same tokens, parents, probabilities, support and match length, for chains and branching trees; the
     trie sees the context's last MATCH tokens, so both consider the same match lengths."""
+    monkeypatch.setattr(suffix_array, "GATHER_MAX", gather_max)
     rng = random.Random(1000 + seed)
     alphabet = rng.choice([3, 5, 8])
     seqs = random_seqs(rng, 8, alphabet=alphabet, low=20, high=120)
