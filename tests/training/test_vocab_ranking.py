@@ -1,0 +1,37 @@
+"""`specdec data vocab --from-prompts`: a token ranking from the corpus prompts' own text (the prompts
+`collect_prompts` gives the corpus builder, bench prompts excluded: tested there), for a target too slow to
+answer them (the Qwen pair's draft vocabulary); a missing ShareGPT file is one clear error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from specdec.drafters.heads.reduced_vocab import read_ranking
+from tests.cli.runner import assert_user_error, run_cli
+
+
+def write_sharegpt(path: Path, firsts: list[str]) -> Path:
+    records = [{"id": f"c{i}", "conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": "ok"}]}
+               for i, text in enumerate(firsts)]
+    path.write_text(json.dumps(records))
+    return path
+
+
+def test_the_ranking_counts_the_prompts_text(default_model, tmp_path):
+    tokenizer = default_model.tokenizer
+    firsts = [f"Tell me about zebra {i}:" + " zebra" * 12 for i in range(100)]
+    out = tmp_path / "ranking.safetensors"
+    result = run_cli("data", "vocab", "--target", "smollm2-135m", "--from-prompts", "--sharegpt",
+                     str(write_sharegpt(tmp_path / "sharegpt.json", firsts)), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "prompts" in result.stdout and "top    512" in result.stdout
+    ranking = read_ranking(out, default_model.model.config.vocab_size).tolist()
+    zebra = tokenizer.encode(" zebra", add_special_tokens=False)
+    assert all(ranking.index(t) < 10 for t in zebra), [ranking.index(t) for t in zebra]
+
+
+def test_a_missing_sharegpt_file_is_one_clear_error(tmp_path):
+    result = run_cli("data", "vocab", "--target", "smollm2-135m", "--from-prompts", "--sharegpt",
+                     str(tmp_path / "nowhere.json"), "--out", str(tmp_path / "r.safetensors"))
+    assert_user_error(result, "does not exist")
