@@ -43,6 +43,7 @@ CONFIGS = [  # (label, drafter, tree); every draft configuration shares the firs
     ("draft:0.5b chain k=3", "draft", "chain:k=3"),
     ("draft:0.5b chain k=4", "draft", "chain:k=4"),
     ("draft:0.5b tree", "draft", "dynamic:depth=4,topk=2,budget=8"),
+    ("draft:0.5b default tree", "draft", None),  # what `--drafter draft` gives
     ("draft:0.5b vocab=16384 chain k=2", "draft:vocab=16384", "chain:k=2"),  # reduced heads: a draft model each
     ("draft:0.5b vocab=32768 chain k=2", "draft:vocab=32768", "chain:k=2"),
     ("ngram", "ngram", "chain:k=5"),
@@ -84,9 +85,9 @@ def run_ours(llm: LLM, ids: list[int], new_tokens: int) -> tuple[float, list[int
     return time.perf_counter() - start, out.token_ids, out.metrics.mean_accepted_tokens
 
 
-def build_engines(target: str, kv_tokens: int, configs: list[tuple[str, str, str | None]]
+def build_engines(target: str, kv_tokens: int, configs: list[tuple[str, str, str | None]], adaptive: bool = False
                   ) -> tuple[dict[str, LLM], object]:
-    engine_config = EngineConfig(kv_cache_tokens=kv_tokens, adaptive_speculation=False)
+    engine_config = EngineConfig(kv_cache_tokens=kv_tokens, adaptive_speculation=adaptive)
     loaded = load_model(target, show_progress=False, quantize="int8")
     engines: dict[str, LLM] = {}
     first_draft = next((label for label, drafter, _ in configs if drafter == "draft"), None)
@@ -94,7 +95,7 @@ def build_engines(target: str, kv_tokens: int, configs: list[tuple[str, str, str
         if drafter == "draft" and first_draft in engines:
             llm = LLM.from_loaded(loaded, "none", quantize="int8", engine_config=engine_config)
             shared = engines[first_draft].drafter  # one 0.5B draft model, several tree shapes
-            spec = parse_tree_spec(tree, engine_config.max_tree_nodes)
+            spec = parse_tree_spec(tree, engine_config.max_tree_nodes) if tree else shared.default_tree()
             llm.engine = Engine(loaded.model, llm.tokenizer, engine_config, shared, spec, SpeculationPlanner())
             llm.drafter, llm.tree_spec, llm.drafter_spec = shared, spec, drafter
         else:
@@ -114,6 +115,8 @@ def main() -> None:
     parser.add_argument("--split", default="test", choices=("test", "dev"))
     parser.add_argument("--methods", default="", help="comma list of method labels to run (default: all); "
                                                         "'plain int8' always runs")
+    parser.add_argument("--adaptive", action="store_true", help="let the planner choose each step's depth (as "
+                                                                   "`specdec generate` does); default: fixed trees")
     parser.add_argument("--no-llama-cpp", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS / "qwen_pair.json")
     args = parser.parse_args()
@@ -128,7 +131,7 @@ def main() -> None:
         parser.error(f"unknown --methods {sorted(unknown)}; known: {[label for label, _, _ in CONFIGS]}")
     configs = [c for c in CONFIGS if not wanted or c[0] in wanted or c[0] == "plain int8"]
     started = time.perf_counter()
-    engines, loaded = build_engines(args.target, args.kv_tokens, configs)
+    engines, loaded = build_engines(args.target, args.kv_tokens, configs, args.adaptive)
     console.print(f"[dim]loaded our engines in {time.perf_counter() - started:.0f} s[/]")
     llamas = {}
     build = None
@@ -177,7 +180,8 @@ def main() -> None:
         "machine": platform.processor() or platform.machine(), "shared_machine": True, "runs": runs,
         "command": "OMP_NUM_THREADS=1 python bench/qwen_pair.py " + " ".join(
             f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in vars(args).items()
-            if k not in ("out", "no_llama_cpp")) + (" --no-llama-cpp" if args.no_llama_cpp else ""),
+            if k not in ("out", "no_llama_cpp", "adaptive")) + (" --no-llama-cpp" if args.no_llama_cpp else "")
+        + (" --adaptive" if args.adaptive else ""),
     })
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
