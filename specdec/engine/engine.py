@@ -182,9 +182,14 @@ class Engine:
         trees: dict[int, TokenTree] = {}
         if drafting:
             deepest = max(depths)
+            # A sequence's first draft also hands the drafter its whole prompt (a draft model's prefill of it, a
+            # suffix trie's indexing): a once-per-request cost, not a price per depth. Priced in, it made a
+            # 0.5B draft look 4x dearer than it is, and the plan went without speculation for EXPLORE_AFTER steps.
+            first = any(not seq.metrics.proposed_by_depth for seq in drafting)
             start = time.perf_counter()
             proposed = self.drafter.propose(drafting, self.tree.limited(deepest))
-            self.planner.observe_draft(deepest, time.perf_counter() - start, len(drafting))
+            if not first:
+                self.planner.observe_draft(deepest, time.perf_counter() - start, len(drafting))
             trees = {seq.seq_id: tree for seq, tree in zip(drafting, proposed)}
         return [trees[seq.seq_id].cut(d) if d > 0 else TokenTree.chain([seq.last_token])
                 for seq, d in zip(seqs, depths)]

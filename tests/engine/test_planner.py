@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -164,3 +166,28 @@ def test_drafting_is_skipped_while_it_costs_more_than_it_gains_and_retried():
     assert decisions == [False] * EXPLORE_AFTER + [True]  # skipped, then drafted once to measure again
     pinned = seq(9, temperature=0.8, seed=1)
     assert dear.should_draft(seqs + [pinned])  # a seeded sampled request always gets its drafter's tree
+
+
+def test_a_sequences_first_draft_is_not_priced_as_a_drafting_step():
+    """A drafter's first proposal for a sequence also takes in its whole prompt (a draft model prefills it): a
+    once-per-request cost. Priced per depth it would switch speculation off for EXPLORE_AFTER steps; here the
+    request is shorter than that, so a price taken from the slow first call would still stand at the end."""
+    from specdec.drafters.ngram import NgramDrafter
+    from tests.helpers import run_all, tiny_engine, tiny_model
+
+    class SlowFirstProposal(NgramDrafter):
+        def __init__(self) -> None:
+            super().__init__()
+            self.seen: set[int] = set()
+
+        def propose(self, seqs, spec):
+            if any(s.seq_id not in self.seen for s in seqs):
+                self.seen.update(s.seq_id for s in seqs)
+                time.sleep(0.5)
+            return super().propose(seqs, spec)
+
+    engine = tiny_engine(tiny_model(seed=3), SlowFirstProposal(), chain(3), adaptive_speculation=True)
+    engine.add_request([1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_new_tokens=12, ignore_eos=True))
+    run_all(engine)
+    cost = engine.planner.draft_cost
+    assert cost.known and cost.predict(1) < 0.1, cost.predict(1)
