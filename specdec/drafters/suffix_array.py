@@ -28,7 +28,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from specdec.drafters.suffix_index import SuffixDraft, best_first
+from specdec.drafters.suffix_index import SuffixDraft, best_first, best_over_matches
 from specdec.errors import ConfigError
 
 SEP = -1  # between answers (and before the first): no match or continuation crosses it
@@ -95,11 +95,12 @@ class CorpusSuffixArray:
         if not 0 <= last < len(self._starts) - 1:
             return out
         lo, hi = int(self._starts[last]), int(self._starts[last + 1])
-        for j in range(1, min(len(context), self.match_depth) + 1):
+        longest = min(len(context), self.match_depth)
+        for j in range(1, longest + 1):
             if lo >= hi:
                 break
             out.append((j, lo, hi))
-            if j == min(len(context), self.match_depth):
+            if j == longest:
                 break
             # every position in [lo, hi) matched j tokens, so the token j back is the key that orders the range
             # (the separator itself where the answer began j tokens back)
@@ -122,24 +123,12 @@ class CorpusSuffixArray:
 
     def speculate(self, context: list[int], max_tokens: int, max_depth: int, factor: float = 1.0,
                   offset: float = 0.0, min_prob: float = 0.1, branching: int = 0) -> SuffixDraft:
-        """The best-scoring draft over all match lengths, as `SuffixTrie.speculate` (see its module)."""
-        best = SuffixDraft()
-        found = self.matches(context)
-        # Longest match first: a draft scores at most its node limit (each probability is at most 1), so once
-        # the best score reaches a shorter match's limit that match cannot win, and is not expanded. Ties go
-        # to the longer match, as in the trie.
-        for i in range(len(found) - 1, -1, -1):
-            m, lo, hi = found[i]
-            if i + 1 < len(found) and found[i + 1][2] - found[i + 1][1] == hi - lo:
-                continue  # every occurrence extends one token further: same continuations, larger limit
-            limit = min(max_tokens, int(m * factor + offset + 1e-9))
-            if limit <= 0 or max_depth <= 0 or (best.tokens and limit <= best.score):
-                continue
-            draft = self.expand(self._ends(lo, hi), limit, max_depth, min_prob, branching)
-            if draft.tokens and (not best.tokens or draft.score > best.score):
-                draft.match_len = m
-                best = draft
-        return best
+        """The best-scoring draft over all match lengths, as `SuffixTrie.speculate` (see its module), except
+        that a draft may run `max_depth` deep however long its match."""
+        found = [(m, hi - lo, (lo, hi)) for m, lo, hi in self.matches(context)]
+        return best_over_matches(
+            found, lambda span, limit, depth: self.expand(self._ends(*span), limit, depth, min_prob, branching),
+            max_tokens, lambda m: max_depth, factor, offset)
 
     def expand(self, ends: np.ndarray, max_tokens: int, max_depth: int, min_prob: float,
                branching: int = 0) -> SuffixDraft:

@@ -72,6 +72,32 @@ def best_first(push: Push, root: Any, max_tokens: int, max_depth: int) -> Suffix
     return draft
 
 
+def best_over_matches(found: list[tuple[int, int, Any]], expand: Callable[[Any, int, int], SuffixDraft],
+                      max_tokens: int, depth_for: Callable[[int], int], factor: float, offset: float) -> SuffixDraft:
+    """The best-scoring draft over every match: `found` lists `(m, occurrences, handle)` for the matched suffix
+    lengths m, increasing; `expand(handle, node limit, depth)` drafts from one match, at most `depth_for(m)`
+    deep and `factor * m + offset` nodes (within `max_tokens`).
+
+    Longest match first: a draft scores at most its node limit (each probability is at most 1), so once the best
+    score reaches a shorter match's limit, that match cannot win and is not expanded. Ties go to the longer
+    match. A match whose next-longer one has as many occurrences is skipped: every occurrence extends one token
+    further, so the longer one has the same continuations and a larger limit."""
+    best = SuffixDraft()
+    for i in range(len(found) - 1, -1, -1):
+        m, occurrences, handle = found[i]
+        if i + 1 < len(found) and found[i + 1][1] == occurrences:
+            continue
+        limit = min(max_tokens, int(m * factor + offset + 1e-9))
+        depth = depth_for(m)
+        if limit <= 0 or depth <= 0 or (best.tokens and limit <= best.score):
+            continue
+        draft = expand(handle, limit, depth)
+        if draft.tokens and (not best.tokens or draft.score > best.score):
+            draft.match_len = m
+            best = draft
+    return best
+
+
 class SuffixTrie:
     def __init__(self, max_depth: int = 24) -> None:
         if max_depth < 2:
@@ -175,22 +201,10 @@ class SuffixTrie:
 
         `branching` caps children per node (1 = a single path, 0 = no cap); `max_depth` caps the draft depth.
         """
-        best = SuffixDraft()
-        found = self.matches(context, seq_id)
-        count = self._count
-        for i, (m, node) in enumerate(found):
-            # Equal counts one token longer mean every occurrence extends: same continuations, larger limit.
-            if i + 1 < len(found) and count[found[i + 1][1]] == count[node]:
-                continue
-            limit = min(max_tokens, int(m * factor + offset + 1e-9))
-            depth = min(max_depth, self.max_depth - m)
-            if limit <= 0 or depth <= 0:
-                continue
-            draft = self.expand(node, limit, depth, min_prob, branching)
-            if draft.tokens and draft.score >= best.score:
-                draft.match_len = m
-                best = draft
-        return best
+        found = [(m, self._count[node], node) for m, node in self.matches(context, seq_id)]
+        return best_over_matches(
+            found, lambda node, limit, depth: self.expand(node, limit, depth, min_prob, branching),
+            max_tokens, lambda m: min(max_depth, self.max_depth - m), factor, offset)
 
     def expand(self, node: int, max_tokens: int, max_depth: int, min_prob: float, branching: int = 0) -> SuffixDraft:
         """Best-first frequency-weighted expansion below `node`."""
