@@ -217,9 +217,9 @@ def markdown(result: dict) -> str:
     lines = [f"# {result['target']} (int8) + {result['draft']} draft vs llama.cpp, greedy, batch 1, 1 thread, "
              f"{result['new_tokens']} new tokens",
              "",
-             f"Prompts: {', '.join(result['prompts'])} ({result.get('split', 'test')} split). Shared 2-core machine: other jobs ran "
-             "throughout, so absolute speeds are low and noisy; the runs are interleaved, so ratios are the figures "
-             "to read.",
+             f"Prompts: {', '.join(result['prompts'])} ({result.get('split', 'test')} split). Shared 2-core "
+             "machine: other jobs ran throughout, so absolute speeds are low and noisy; the runs are interleaved, so "
+             "ratios are the figures to read.",
              f"llama.cpp build: {result['llama_cpp_build']}",
              f"Our speculative outputs equal our plain greedy output: {result['speculative_equals_plain']}",
              f"Bandwidth bound of our plain int8 decode: {result['weight_bytes_per_token'] / 1e6:.0f} MB of weights "

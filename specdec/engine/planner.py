@@ -279,8 +279,9 @@ class SpeculationPlanner:
         pays when the goodput gain of recent drafted steps at this batch size (`observe_node_step`: the
         nodes they verified and accepted, against plain decode) exceeds the drafting time as a share of the
         step. At batch 1 a lookup drafter's 0.3 ms is 2% of a step and easily paid for; at batch 12 drafting
-        every sequence costs about 5% of a step while near-certain nodes are all that pay for their rows. Skipped steps are counted, and after
-        `EXPLORE_AFTER` of them one step drafts anyway, so the gain is measured again as the workload moves."""
+        every sequence costs about 5% of a step while near-certain nodes are all that pay for their rows.
+        Skipped steps are counted, and after `EXPLORE_AFTER` of them one step drafts anyway, so the gain is
+        measured again as the workload moves."""
         if any(is_pinned(seq) for seq in seqs):
             return True
         cost, prefill_tokens = self._decode_cost(prefill_tokens)
