@@ -7,6 +7,7 @@ Stages, each saved in the run folder so `--resume` continues where a run stopped
 2. features: one dense target pass over every prompt + answer (`features.record_features`): final-norm hidden
              states (EAGLE-1/2) or the residual streams entering layers 2, N//2, N-3 (EAGLE-3), in bf16; for
              EAGLE-3 also the target's argmax at every position (its training labels and draft vocabulary).
+             Saved in slices of 200 sequences (`features/`), so a long recording resumes mid-way.
 3. train:    teacher-forced over every position t of every sequence, the pair (f_t, x_{t+1}):
              * EAGLE-1/2 (the published objective): smooth-L1 regression of h_t onto f_{t+1} (weight 1.0)
                plus cross-entropy of head(h_t) against the target's distribution softmax(head(f_{t+1}))
@@ -38,7 +39,9 @@ from specdec.models.llama import LlamaModel
 from specdec.training.common import (Corpus, Progress, TrainSettings, _no_progress, check_run_folder,
                                             optimise, save_atomic)
 
-FEATURES_FILE = "features.pt"
+FEATURES_FILE = "features.pt"  # one file for the whole corpus: run folders from before sharding
+FEATURES_DIR = "features"  # the slices `record_in_shards` writes
+SHARD_SEQUENCES = 200  # about 45k tokens of the default corpus, three minutes on one thread
 CHECKPOINT_FILE = "checkpoint.pt"
 STEP_WEIGHT = 0.8  # EAGLE-3: weight of unrolled step j is 0.8^j
 
@@ -199,6 +202,41 @@ def record(target: LlamaModel, corpus: Corpus, version: int, bf16: bool = False,
         out["hidden"] = []  # EAGLE-3 trains on labels; the final hidden states are not needed
     out["seconds"] = time.perf_counter() - start
     return out
+
+
+def record_in_shards(target: LlamaModel, corpus: Corpus, version: int, bf16: bool, out: Path, resume: bool,
+                     progress: Progress = _no_progress) -> dict[str, Any]:
+    """`record` over the corpus in slices of `SHARD_SEQUENCES`, each saved as it finishes under `out/features/`.
+
+    The whole default corpus takes over two hours on one thread, longer than one sitting: with `--resume` a run
+    keeps the slices already recorded and records only the rest. (A run folder from before sharding, with one
+    `features.pt`, is read as it is.)"""
+    single = out / FEATURES_FILE
+    if resume and single.is_file():
+        return torch.load(single, weights_only=True)
+    folder = out / FEATURES_DIR
+    folder.mkdir(exist_ok=True)
+    n = len(corpus.response_ids)
+    merged: dict[str, Any] = {"hidden": [], "labels": [], "layers": [], "seconds": 0.0}
+    for start in range(0, n, SHARD_SEQUENCES):
+        stop = min(start + SHARD_SEQUENCES, n)
+        path = folder / f"{start:06d}-{stop:06d}.pt"
+        if resume and path.is_file():
+            shard = torch.load(path, weights_only=True)
+        else:
+            part = Corpus(prompt_ids=corpus.prompt_ids[start:stop], response_ids=corpus.response_ids[start:stop])
+
+            def overall(stage: str, done: int, total: int, fields: dict, start: int = start) -> None:
+                progress(stage, start + done, n, fields)
+
+            shard = record(target, part, version, bf16, overall)
+            save_atomic(shard, path)
+        merged["layers"] = shard["layers"]
+        merged["seconds"] += shard["seconds"]
+        for key in ("hidden", "labels", "features"):
+            if key in shard:
+                merged.setdefault(key, []).extend(shard[key])
+    return merged
 
 
 def choose_draft_vocab(labels: list[Tensor], size: int, vocab: int) -> Tensor:
@@ -372,11 +410,7 @@ def run_eagle_training(cfg: EagleTrainConfig, out: Path, resume: bool = False, l
     log(f"corpus: {n} sequences, {corpus.num_tokens} tokens ({sum(map(len, corpus.response_ids))} generated)"
         + (f", reused from {cfg.corpus}" if cfg.corpus else f" in {corpus.seconds:.0f} s"))
 
-    features_path = out / FEATURES_FILE
-    recorded = torch.load(features_path, weights_only=True) if resume and features_path.is_file() else None
-    if recorded is None:
-        recorded = record(target, corpus, cfg.version, cfg.teacher_bf16, progress)
-        save_atomic(recorded, features_path)
+    recorded = record_in_shards(target, corpus, cfg.version, cfg.teacher_bf16, out, resume, progress)
     log(f"features: {corpus.num_tokens} positions in {recorded['seconds']:.0f} s")
     data = EagleData(ids=[torch.tensor(p + r) for p, r in zip(corpus.prompt_ids, corpus.response_ids)],
                      features=recorded.get("features") or recorded["hidden"], hidden=recorded["hidden"],

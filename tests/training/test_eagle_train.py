@@ -10,16 +10,16 @@ import torch
 
 from specdec.drafters.heads.eagle_checkpoint import load_eagle
 from specdec.training.common import Corpus, TrainSettings
+from specdec.training import eagle
 from specdec.training.eagle import (EagleData, choose_draft_vocab, eagle_loss, evaluate, init_predictor, record,
-                                    train_predictor, ttt_mask)
+                                    record_in_shards, train_predictor, ttt_mask)
 from tests.helpers import tiny_model
 
 VOCAB = 32
 
 
-def tiny_data(version: int) -> tuple[torch.nn.Module, EagleData]:
-    """A tiny target and its features over 24 short sequences that follow simple, learnable patterns."""
-    target = tiny_model(seed=7, vocab=VOCAB, sharpness=3.0)
+def tiny_corpus() -> Corpus:
+    """24 short sequences that follow simple, learnable patterns."""
     gen = torch.Generator().manual_seed(0)
     prompts, answers = [], []
     for _ in range(24):
@@ -27,8 +27,15 @@ def tiny_data(version: int) -> tuple[torch.nn.Module, EagleData]:
         seq = [(start + i * (step % 5 + 1)) % VOCAB for i in range(18)]
         prompts.append(seq[:6])
         answers.append(seq[6:])
-    recorded = record(target, Corpus(prompts, answers), version)
-    ids = [torch.tensor(p + a) for p, a in zip(prompts, answers)]
+    return Corpus(prompts, answers)
+
+
+def tiny_data(version: int) -> tuple[torch.nn.Module, EagleData]:
+    """A tiny target and its features over the tiny corpus."""
+    target = tiny_model(seed=7, vocab=VOCAB, sharpness=3.0)
+    corpus = tiny_corpus()
+    recorded = record(target, corpus, version)
+    ids = [torch.tensor(p + a) for p, a in zip(corpus.prompt_ids, corpus.response_ids)]
     return target, EagleData(ids, recorded.get("features") or recorded["hidden"], recorded["hidden"],
                              recorded["labels"])
 
@@ -61,6 +68,29 @@ def test_resume_continues_the_same_run(tmp_path: Path):
     train_predictor(resumed, target, data, train, val, settings, 1, tmp_path / "b.pt", state)
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
         torch.testing.assert_close(a, b, msg=name)
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_features_recorded_in_slices_resume_where_they_stopped(tmp_path: Path, monkeypatch, version: int):
+    """Slices already on disk are read, not recorded again, and the merged features equal one whole pass."""
+    target, corpus = tiny_model(seed=7, vocab=VOCAB, sharpness=3.0), tiny_corpus()
+    whole = record(target, corpus, version)
+    monkeypatch.setattr(eagle, "SHARD_SEQUENCES", 10)
+    record_in_shards(target, corpus, version, False, tmp_path, resume=False)
+    slices = sorted(p.name for p in (tmp_path / eagle.FEATURES_DIR).iterdir())
+    assert slices == ["000000-000010.pt", "000010-000020.pt", "000020-000024.pt"]
+    (tmp_path / eagle.FEATURES_DIR / slices[1]).unlink()  # interrupted before the second slice was saved
+    recorded_sizes = []
+    real_record = eagle.record
+    monkeypatch.setattr(eagle, "record", lambda t, part, *a: recorded_sizes.append(len(part.response_ids))
+                        or real_record(t, part, *a))
+    resumed = record_in_shards(target, corpus, version, False, tmp_path, resume=True)
+    assert recorded_sizes == [10]
+    assert resumed["layers"] == whole["layers"]
+    for key in ("hidden", "labels", "features"):
+        assert len(resumed.get(key, [])) == len(whole.get(key, []))
+        for a, b in zip(resumed.get(key, []), whole.get(key, [])):
+            torch.testing.assert_close(a, b, msg=key)
 
 
 def test_ttt_mask_sees_the_committed_prefix_and_its_own_chain():
