@@ -16,8 +16,9 @@ Stages, each saved in the run folder so `--resume` continues where a run stopped
                features; step j reads the predictor's own step j-1 output of the previous position, as
                drafting does at depth j+1, and attends to the target-feature entries up to t-j plus its own
                chain's entries at t-j+1..t (the paper's diagonal masks). Each step's loss is cross-entropy
-               against the target's argmax token (hard labels, positions whose label is outside the draft
-               vocabulary masked), weighted 0.8^j. The draft vocabulary is the `draft_vocab` most frequent
+               against the target's distribution over the draft vocabulary (soft labels, from the recorded
+               final hidden states and the head's rows of those tokens; positions whose target argmax is
+               outside the draft vocabulary masked), weighted 0.8^j. The draft vocabulary is the `draft_vocab` most frequent
                target argmax tokens of the training sequences.
 """
 
@@ -199,7 +200,7 @@ def record(target: LlamaModel, corpus: Corpus, version: int, bf16: bool = False,
             for n, hidden in enumerate(feats.hidden):
                 out["labels"].append(target.lm_head(hidden.to(target.device, target.dtype)).argmax(-1).cpu())
                 progress("labels", n + 1, len(feats.hidden), {})
-        out["hidden"] = []  # EAGLE-3 trains on labels; the final hidden states are not needed
+        # the final hidden states stay: they give the soft labels (`_soft_labels`), 1/4 of what is stored
     out["seconds"] = time.perf_counter() - start
     return out
 
@@ -301,6 +302,7 @@ def eagle_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indic
             return _eagle1_loss(model, target, data, indices, out.float(), valid, ce_fraction, ce_weight, head)
         losses, metrics = [], {}
         labels = _padded([data.labels[i] for i in indices], device)[:, 1:]  # target argmax after x_{t+1}
+        soft = _soft_labels(model, target, data, indices, b, t)
         to_draft = torch.full((model.config.layer.vocab_size,), -1, dtype=torch.int64, device=device)
         to_draft[model.draft_to_target] = torch.arange(model.config.draft_vocab, device=device)
         draft_labels = to_draft[labels.long()]
@@ -312,9 +314,28 @@ def eagle_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indic
             mask = (valid & (draft_labels >= 0) & (torch.arange(t, device=device)[None] >= j)).reshape(-1)
             logits = model.logits(out[mask], target.lm_head)
             target_ids = draft_labels.reshape(-1)[mask]
-            losses.append(F.cross_entropy(logits, target_ids) * STEP_WEIGHT**j)
+            if soft is None:
+                loss = F.cross_entropy(logits, target_ids)
+            else:
+                loss = -(soft[mask] * torch.log_softmax(logits.float(), dim=-1)).sum(-1).mean()
+            losses.append(loss * STEP_WEIGHT**j)
             metrics[f"top1_{j}"] = float((logits.argmax(-1) == target_ids).float().mean())
     return sum(losses), metrics
+
+
+@torch.no_grad()
+def _soft_labels(model: EaglePredictor, target: LlamaModel, data: EagleData, indices: list[int],
+                 b: int, t: int) -> Tensor | None:
+    """EAGLE-3's soft labels: the target's next-token distribution after x_{t+1}, over the draft vocabulary
+    (its head's rows of those tokens, renormalised: what the draft can propose), `[B*(T-1), N]`; None for
+    features recorded without final hidden states (hard argmax labels then)."""
+    from specdec.drafters.heads.reduced_vocab import head_rows
+
+    if not data.hidden or any(data.hidden[i].numel() == 0 for i in indices):
+        return None
+    nxt = _padded([data.hidden[i] for i in indices], model.device, torch.float32)[:, 1:]
+    rows = head_rows(target, model.draft_to_target).to(model.device)
+    return torch.softmax(nxt.reshape(b * t, -1) @ rows.T, dim=-1)
 
 
 def _eagle1_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indices: list[int], out: Tensor,

@@ -103,6 +103,29 @@ def test_ttt_mask_sees_the_committed_prefix_and_its_own_chain():
     assert bool(mask.any(-1).all())  # every query sees at least itself: no empty softmax
 
 
+def test_eagle3_soft_labels_are_the_target_distribution_after_the_next_token():
+    """Each pair's soft label is a distribution over the draft vocabulary whose argmax is the recorded hard
+    label wherever that label is in the draft vocabulary: the same position, the same target."""
+    from specdec.training.eagle import _soft_labels
+
+    target, data = tiny_data(3)
+    draft_ids = choose_draft_vocab(data.labels, 24, VOCAB)
+    model = init_predictor(target, 3, draft_ids, seed=0)
+    batch = [0, 1, 2]
+    t = max(data.ids[i].shape[0] for i in batch) - 1
+    soft = _soft_labels(model, target, data, batch, len(batch), t)
+    assert soft is not None and soft.shape == (len(batch) * t, 24)
+    torch.testing.assert_close(soft.sum(-1), torch.ones(len(batch) * t))
+    for row, i in enumerate(batch):
+        labels = data.labels[i][1:]
+        for pos, label in enumerate(labels.tolist()):
+            if label in draft_ids.tolist():
+                assert int(draft_ids[soft[row * t + pos].argmax()]) == label
+    hard = EagleData(data.ids, data.features, [], data.labels)  # features recorded before soft labels
+    assert _soft_labels(model, target, hard, batch, len(batch), t) is None
+    assert torch.isfinite(eagle_loss(model, target, hard, batch, 2)[0])
+
+
 @pytest.mark.parametrize("version", [1, 3])
 def test_written_checkpoints_load_back(tmp_path: Path, version: int):
     from specdec.drafters.heads.eagle_checkpoint import write_eagle
