@@ -74,9 +74,9 @@ class DraftModelDrafter(ModelDrafter):
 
 @register("draft")
 def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
-    sampled = sampled_trees_option(args)
+    tree_mode = sampled_trees_option(args)
     drafter = _build_draft(args, ctx)
-    drafter.sampled_trees = sampled
+    drafter.tree_mode = tree_mode
     return drafter
 
 

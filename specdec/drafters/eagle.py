@@ -184,7 +184,7 @@ def shipped_eagle_dir(target_source: str, kind: str = "eagle") -> Path | None:
 def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDrafter:
     ref = args.pop("", None)
     vocab = int_arg(args, "vocab", -1, minimum=0)  # -1: the checkpoint's own choice (metadata), 0: full
-    sampled = sampled_trees_option(args)
+    tree_mode = sampled_trees_option(args)
     reject_unknown(kind, args)
     target: LlamaModel = ctx.target.model
     if ref is None:
@@ -220,7 +220,7 @@ def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDr
         if reduced is not None:
             quantize_int8_(reduced)
     drafter = EagleDrafter(predictor, target, ctx.engine, name=kind, feature_layers=layers, reduced=reduced)
-    drafter.sampled_trees = sampled
+    drafter.tree_mode = tree_mode
     return drafter
 
 

@@ -54,17 +54,19 @@ class Feed:
     outputs: int | None = None  # trailing rows whose outputs are needed (None = all)
 
 
-TREE_MODES = ("sampled", "topk")
+TREE_MODES = ("sampled", "sampled-fixed", "topk")
 DEFAULT_TREE_MODE = "topk"
 
 
-def sampled_trees_option(args: dict[str, str]) -> bool:
-    """The `trees=` drafter option: `sampled` (stochastic trees at T > 0) or `topk` (one-hot trees)."""
+def sampled_trees_option(args: dict[str, str]) -> str:
+    """The `trees=` drafter option: `sampled` (stochastic trees at T > 0, each depth's nodes given to the
+    likeliest paths), `sampled-fixed` (stochastic, fixed widths per depth) or `topk` (one-hot trees)."""
     mode = args.pop("trees", DEFAULT_TREE_MODE)
     if mode not in TREE_MODES:
         raise ConfigError(f"drafter option trees must be 'sampled' (children drawn from the draft distribution at "
-                          f"T > 0) or 'topk' (deterministic top-k children), got '{mode}'")
-    return mode == "sampled"
+                          f"T > 0), 'sampled-fixed' (the same, fixed widths per depth) or 'topk' (deterministic "
+                          f"top-k children), got '{mode}'")
+    return mode
 
 
 def spare_blocks(engine: EngineConfig) -> int:
@@ -77,7 +79,12 @@ class ModelDrafter(DrafterBase):
 
     cache: PagedKVCache
     feeds_parent_outputs = False  # EAGLE: a node's input row is its parent's output
-    sampled_trees = False  # sampled requests: children drawn from q without replacement (else top-k, one-hot)
+    tree_mode = DEFAULT_TREE_MODE  # one of TREE_MODES (option `trees=`)
+
+    @property
+    def sampled_trees(self) -> bool:
+        """Sampled requests get children drawn from q without replacement (else top-k, one-hot)."""
+        return self.tree_mode != "topk"
 
     # ----------------------------------------------------------------------------------------- hooks
     def _catch_up(self, seqs: list[Sequence]) -> list[Feed]:
@@ -193,7 +200,8 @@ class ModelDrafter(DrafterBase):
     def _sampled_trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor,
                        spec: TreeSpec) -> list[TokenTree]:
         """Stochastic trees: children drawn without replacement from the processed draft distribution."""
-        growths = [SampledGrowth(seq.last_token, spec) for seq in seqs]
+        adaptive = self.tree_mode != "sampled-fixed"
+        growths = [SampledGrowth(seq.last_token, spec, adaptive) for seq in seqs]
 
         def expand(logits: Tensor, ids: Tensor | None, members: list[tuple[int, int, int]]) -> None:
             for i, start, n in members:

@@ -8,10 +8,15 @@ was really drawn from: q with its earlier siblings removed, renormalised (sampli
 SpecInfer's multi-draft rule and Jeon et al.'s recursive speculative decoding).
 
 What keeps it exact is the shape rule: how many children a node gets is fixed before they are drawn (by the
-spec and the node's depth or path), never by their own values, and no node is dropped afterwards for its score
-(a dynamic tree's keep-the-best-`budget` step would bias the draws). So a dynamic spec becomes fixed widths per
-depth (`sampled_widths`); a static spec keeps its shape exactly; only a drafter that runs out of tokens with
-probability > 0 draws fewer.
+spec, the node's path and what was drawn before it), never by their own values, and no node is dropped
+afterwards for its score (a dynamic tree's keep-the-best-`budget` step would bias the draws). Given everything
+drawn so far, a node's children are then a fresh without-replacement sample from its q, and the rejection rule
+at that node returns a token distributed as p whatever their number. So a dynamic spec gives each depth an
+equal share of the budget (at most `topk` nodes) and hands it, before drawing, to the (node, rank) pairs with
+the highest path score (the product of q along the path) times the rank-th largest q of the node (`allocate`:
+confident paths go wide or deep, unlikely ones get nothing, as an EAGLE-2 tree does); `sampled-fixed` keeps
+fixed widths per depth instead (`sampled_widths`). A static spec keeps its shape exactly; only a drafter that
+runs out of tokens with probability > 0 draws fewer.
 """
 
 from __future__ import annotations
@@ -47,12 +52,14 @@ class SampledGrowth:
     """One sequence's stochastic tree while it grows: the same interface as `TreeGrowth` (frontier, partial,
     done, tree), fed per-node distributions instead of scored candidates."""
 
-    def __init__(self, root: int, spec: TreeSpec) -> None:
+    def __init__(self, root: int, spec: TreeSpec, adaptive: bool = True) -> None:
         self.spec = spec
         self.tokens, self.parents, self.paths = [root], [-1], [()]
+        self.scores = [1.0]  # path score: the product of q along the path (what `allocate` ranks by)
         self.rows: list[Tensor | None] = [None]
         self.frontier = [0]
-        self.done = spec.depth == 0
+        self.done = spec.depth == 0 or spec.budget == 0
+        self.adaptive = spec.kind is TreeKind.DYNAMIC and adaptive  # else fixed widths (`sampled_widths`)
         if spec.kind is TreeKind.DYNAMIC:
             self._widths, self._choices = sampled_widths(spec), frozenset()
         else:
@@ -68,17 +75,34 @@ class SampledGrowth:
             count += 1
         return count
 
+    def allocate(self, q_rows: Tensor) -> list[int]:
+        """Children per frontier node for a dynamic spec, decided before any is drawn: this depth's share of
+        the budget goes to the (node, rank) pairs of highest path score x rank-th largest q."""
+        added = len(self.tokens) - 1
+        depths_left = self.spec.depth - len(self.paths[self.frontier[0]])
+        share = min(self.spec.topk, max(1, (self.spec.budget - added) // depths_left), self.spec.budget - added)
+        if share <= 0:
+            return [0] * len(self.frontier)
+        top = q_rows.float().topk(min(share, q_rows.shape[-1]), dim=-1).values  # [frontier, share]
+        scores = torch.tensor([self.scores[node] for node in self.frontier])[:, None]
+        gains = (scores * top).flatten()
+        chosen = gains.argsort(descending=True, stable=True)[:share]
+        chosen = chosen[gains[chosen] > 0]
+        return torch.bincount(chosen // top.shape[1], minlength=len(self.frontier)).tolist()
+
     def expand(self, q_rows: Tensor, generator: torch.Generator | None) -> None:
         """`q_rows [len(frontier), V]`: the drafter's distribution after each frontier node."""
         frontier = []
+        widths = self.allocate(q_rows) if self.adaptive else [self.width(node) for node in self.frontier]
         for row, node in enumerate(self.frontier):
             q = q_rows[row].float()
-            for rank in range(self.width(node)):
+            for rank in range(widths[row]):
                 token = int(torch.multinomial(q, 1, generator=generator))
                 frontier.append(len(self.tokens))
                 self.tokens.append(token)
                 self.parents.append(node)
                 self.paths.append(self.paths[node] + (rank,))
+                self.scores.append(self.scores[node] * float(q_rows[row, token]))
                 self.rows.append(q)
                 q = q.clone()
                 q[token] = 0.0
@@ -88,7 +112,8 @@ class SampledGrowth:
                 q = q / mass
         self.frontier = frontier
         depth = len(self.paths[frontier[0]]) if frontier else 0
-        self.done = not frontier or depth >= self.spec.depth
+        self.done = not frontier or depth >= self.spec.depth or (
+            self.adaptive and len(self.tokens) - 1 >= self.spec.budget)
 
     def partial(self) -> TokenTree:
         return TokenTree.from_parents(self.tokens, self.parents)

@@ -20,6 +20,30 @@ def test_dynamic_specs_become_fixed_widths_within_the_budget(spec, widths):
     assert sampled_widths(spec) == widths
 
 
+def test_each_depth_share_goes_to_the_likeliest_paths_before_drawing():
+    """depth 2, budget 4: two nodes a depth. The root's two children are drawn from q; at depth 2 the two slots
+    go to the pairs of highest path score x q rank, here both under the likelier child."""
+    growth = SampledGrowth(0, dynamic(depth=2, topk=4, budget=4))
+    assert growth.allocate(torch.tensor([[0.7, 0.2, 0.1, 0.0]])) == [2]
+    growth.expand(torch.tensor([[0.0, 0.9, 0.1, 0.0]]), torch.Generator().manual_seed(0))
+    first, second = growth.tree().token_list[1:]
+    assert growth.scores[1:] == pytest.approx([0.9 if t == 1 else 0.1 for t in (first, second)])
+    confident, unsure = torch.tensor([0.0, 0.0, 0.6, 0.4]), torch.tensor([0.25, 0.25, 0.25, 0.25])
+    rows = torch.stack([confident, unsure] if first == 1 else [unsure, confident])
+    assert growth.allocate(rows) == ([2, 0] if first == 1 else [0, 2])
+    growth.expand(rows, torch.Generator().manual_seed(1))
+    assert growth.done and len(growth.tree().token_list) == 5
+    likely = 1 if first == 1 else 2
+    assert growth.tree().parent_list[3:] == [likely, likely]
+
+
+def test_fixed_widths_ignore_the_scores():
+    growth = SampledGrowth(0, dynamic(depth=2, topk=4, budget=4), adaptive=False)  # widths (2, 1)
+    growth.expand(torch.tensor([[0.0, 0.9, 0.1, 0.0]]), torch.Generator().manual_seed(0))
+    growth.expand(torch.tensor([[0.0, 0.0, 0.6, 0.4], [0.25, 0.25, 0.25, 0.25]]), torch.Generator().manual_seed(1))
+    assert growth.tree().parent_list == [-1, 0, 0, 1, 2]
+
+
 def test_each_sibling_row_is_q_without_the_earlier_siblings():
     q = torch.tensor([0.5, 0.3, 0.2, 0.0])
     growth = SampledGrowth(9, dynamic(depth=1, topk=3, budget=3))
