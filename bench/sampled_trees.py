@@ -32,7 +32,8 @@ def main() -> None:
     parser.add_argument("--tree", action="append", default=None)
     parser.add_argument("--drafters", default="draft,eagle")
     parser.add_argument("--quantize", default="int8", help="int8 (the default target's bench setting) or none")
-    parser.add_argument("--modes", default="topk,sampled-fixed,sampled", help="tree modes (first = baseline)")
+    parser.add_argument("--modes", default="trees=topk;trees=sampled-fixed;trees=sampled",
+                        help="drafter options to compare, ';'-separated (first = baseline)")
     parser.add_argument("--out", default=None, help="also write the table as markdown here")
     args = parser.parse_args()
     temperatures = args.temperature or [0.7]
@@ -44,12 +45,12 @@ def main() -> None:
     config = EngineConfig(adaptive_speculation=False, max_num_seqs=len(prompts))
     llm = LLM("smollm2-135m", quantize=None if args.quantize == "none" else args.quantize, engine_config=config,
               show_progress=False, num_threads=1)
-    modes = args.modes.split(",")
+    modes = args.modes.split(";")
     header = (f"{len(prompts)} prompts (test split), {args.tokens} new tokens; tau = tokens per target step, "
               "the full tree drafted every step")
     print(header)
     lines = [f"`{' '.join(['python bench/sampled_trees.py'] + sys.argv[1:])}`", "", header, "",
-             "| drafter | tree | T | " + " | ".join(f"`trees={m}` tau" for m in modes)
+             "| drafter | tree | T | " + " | ".join(f"`{m}` tau" for m in modes)
              + " | " + " | ".join(f"{m} vs {modes[0]}" for m in modes[1:]) + " |",
              "|---" * (3 + 2 * len(modes) - 1) + "|"]
     for temperature in temperatures:
@@ -59,7 +60,7 @@ def main() -> None:
             for tree in trees:
                 tau = {}
                 for mode in modes:  # the same prompts and seeds; tau does not depend on timing
-                    llm.use(f"{drafter}:trees={mode}", tree)
+                    llm.use(f"{drafter}:{mode}", tree)
                     outs = llm.generate(prompts, params)
                     tau[mode] = sum(o.metrics.mean_accepted_tokens for o in outs) / len(outs)
                 ratios = [tau[m] / tau[modes[0]] for m in modes[1:]]

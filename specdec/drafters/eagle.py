@@ -37,7 +37,8 @@ from specdec.drafters.heads.draft_folder import alias_of
 from specdec.drafters.heads.eagle_checkpoint import default_feature_layers, load_eagle
 from specdec.drafters.heads.eagle_model import EaglePredictor, paged_attend
 from specdec.drafters.heads.reduced_vocab import ReducedHead, draft_vocab, reduced_from
-from specdec.drafters.model_drafter import Feed, ModelDrafter, sampled_trees_option, spare_blocks
+from specdec.drafters.model_drafter import (Feed, ModelDrafter, draft_temperature_option, sampled_trees_option,
+                                            spare_blocks)
 from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.runner import Chunk, pack
 from specdec.engine.sequence import Sequence
@@ -185,6 +186,7 @@ def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDr
     ref = args.pop("", None)
     vocab = int_arg(args, "vocab", -1, minimum=0)  # -1: the checkpoint's own choice (metadata), 0: full
     tree_mode = sampled_trees_option(args)
+    draft_temperature = draft_temperature_option(args)
     reject_unknown(kind, args)
     target: LlamaModel = ctx.target.model
     if ref is None:
@@ -221,6 +223,7 @@ def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDr
             quantize_int8_(reduced)
     drafter = EagleDrafter(predictor, target, ctx.engine, name=kind, feature_layers=layers, reduced=reduced)
     drafter.tree_mode = tree_mode
+    drafter.draft_temperature = draft_temperature
     return drafter
 
 

@@ -20,7 +20,8 @@ At temperature > 0 chains *sample* each token from the draft distribution (after
 temperature/top-k/min_p/top-p) and pass that distribution on, so rejection sampling stays lossless. Trees are
 top-k, deterministic (the verifier treats them as one-hot proposals), unless `sampled_trees` is set: then a
 sampled request's tree draws each node's children without replacement from the draft distribution and passes
-those rows on (`specdec.tree.sampled`). Lossless either way; greedy requests always get top-k trees.
+those rows on (`specdec.tree.sampled`). Lossless either way; greedy requests always get top-k trees. Option
+`draft_temp=` draws a sampled request's draft tokens at a multiple of its temperature (sharper below 1).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from torch import Tensor
 
 from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterBase
+from specdec.drafters.registry import float_arg
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
 from specdec.kvcache import BlockTable, PagedKVCache
@@ -69,6 +71,13 @@ def sampled_trees_option(args: dict[str, str]) -> str:
     return mode
 
 
+def draft_temperature_option(args: dict[str, str]) -> float:
+    """The `draft_temp=` drafter option: sampled requests draw the draft's tokens at this multiple of their own
+    temperature (1 = the same; below 1 sharper, towards the one-hot top-k choice). Any q is exact as long as
+    the verifier is handed the q the token was drawn from; what it changes is how often the draws are accepted."""
+    return float_arg(args, "draft_temp", 1.0, 0.05, 4.0)
+
+
 def spare_blocks(engine: EngineConfig) -> int:
     """Blocks a drafter's own cache needs beyond the target's: every running sequence's draft tree."""
     return engine.max_num_seqs * (-(-engine.max_tree_nodes // engine.block_size) + 1)
@@ -80,6 +89,7 @@ class ModelDrafter(DrafterBase):
     cache: PagedKVCache
     feeds_parent_outputs = False  # EAGLE: a node's input row is its parent's output
     tree_mode = DEFAULT_TREE_MODE  # one of TREE_MODES (option `trees=`)
+    draft_temperature = 1.0  # option `draft_temp=`: sampled requests draw at this multiple of their temperature
 
     @property
     def sampled_trees(self) -> bool:
@@ -133,10 +143,18 @@ class ModelDrafter(DrafterBase):
         picked, probs = tokens.tolist(), [None] * len(seqs)
         for i, seq in enumerate(seqs):
             if not seq.params.greedy:
-                q = target_probs(self._full_vocab(logits[i: i + 1], ids), seq.params)[0]
+                q = self._draft_q(logits[i: i + 1], ids, seq)[0]
                 picked[i] = sample(q, seq.generator)
                 probs[i] = q
         return picked, probs
+
+    def _draft_q(self, logits: Tensor, ids: Tensor | None, seq: Sequence) -> Tensor:
+        """What a sampled request's draft tokens are drawn from (and what the verifier is told they were): the
+        request's processed distribution of the draft logits, at `draft_temperature` times its temperature."""
+        full = self._full_vocab(logits, ids)
+        if self.draft_temperature != 1.0:
+            full = full.float() / self.draft_temperature
+        return target_probs(full, seq.params)
 
     def _full_vocab(self, logits: Tensor, ids: Tensor | None) -> Tensor:
         """Reduced-vocabulary logits scattered into the target's vocabulary (-inf elsewhere)."""
@@ -205,7 +223,7 @@ class ModelDrafter(DrafterBase):
 
         def expand(logits: Tensor, ids: Tensor | None, members: list[tuple[int, int, int]]) -> None:
             for i, start, n in members:
-                q = target_probs(self._full_vocab(logits[start: start + n], ids), seqs[i].params)
+                q = self._draft_q(logits[start: start + n], ids, seqs[i])
                 growths[i].expand(q, seqs[i].generator)
 
         return self._grow(growths, tables, root, expand)

@@ -181,6 +181,7 @@ class FitCase:
     tree: TreeSpec
     params: SamplingParams
     sampled_trees: bool = False  # model drafters: children drawn from q without replacement (specdec.tree.sampled)
+    draft_temperature: float = 1.0  # model drafters: draws at this multiple of the request's temperature
     runs: int = 1200  # the planted rule fails at p < 1e-14 with this many (two seeds checked)
 
 
@@ -198,6 +199,8 @@ GOF: dict[str, FitCase] = {
         temperature=0.7, frequency_penalty=0.5), sampled_trees=True),
     "eagle sampled tree: top-p + presence": FitCase("eagle", L.TREE, SamplingParams(
         temperature=0.8, top_p=0.85, presence_penalty=0.6), sampled_trees=True),
+    "eagle sampled tree, sharpened draws: T=1 + repetition": FitCase("eagle", L.TREE, SamplingParams(
+        temperature=1.0, repetition_penalty=1.3), sampled_trees=True, draft_temperature=0.5),
 }
 
 
@@ -205,6 +208,7 @@ def sample_case(models: L.Models, case: FitCase, seed: int = 0) -> torch.Tensor:
     engine = make_engine(case.drafter, models, case.tree, runs=case.runs)
     if case.sampled_trees:
         engine.drafter.tree_mode = "sampled"
+    engine.drafter.draft_temperature = case.draft_temperature
     base = 1_000_003 * seed
     seqs = [engine.add_request(L.PROMPT, replace(case.params, max_new_tokens=L.HORIZON, ignore_eos=True,
                                                  seed=base + i)) for i in range(case.runs)]
