@@ -43,7 +43,7 @@ def main() -> None:
     prompts = [r["prompt"] for c in CATEGORIES for r in [r for r in records if r.get("category") == c][: args.per_category]]
     quantize = None if args.quantize == "none" else args.quantize
     loaded = LLM(args.target, quantize=quantize, show_progress=False, num_threads=args.threads).loaded
-    methods = [m.split("|") for m in args.methods.split(";")]
+    methods = [m.partition("|")[::2] for m in args.methods.split(";")]  # "drafter" alone: its default tree
     rows = []
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("held-out tau", total=len(methods))

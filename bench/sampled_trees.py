@@ -14,6 +14,7 @@ prompts batched; only tau is compared (with the full tree every step it does not
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def main() -> None:
     header = (f"{len(prompts)} prompts (test split), {args.tokens} new tokens; tau = tokens per target step, "
               "the full tree drafted every step")
     print(header)
-    lines = [f"`{' '.join(['python bench/sampled_trees.py'] + sys.argv[1:])}`", "", header, "",
+    lines = [f"`{shlex.join(['python', 'bench/sampled_trees.py'] + sys.argv[1:])}`", "", header, "",
              "| drafter | tree | T | " + " | ".join(f"`{m}` tau" for m in modes)
              + " | " + " | ".join(f"{m} vs {modes[0]}" for m in modes[1:]) + " |",
              "|---" * (3 + 2 * len(modes) - 1) + "|"]
