@@ -24,8 +24,7 @@ from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterContext
 from specdec.drafters.heads.draft_folder import alias_of, is_draft_folder, load_draft_folder, shipped_draft_dir
 from specdec.drafters.heads.reduced_vocab import draft_vocab, reduced_from
-from specdec.drafters.model_drafter import (Feed, ModelDrafter, draft_temperature_option, sampled_trees_option,
-                                            spare_blocks)
+from specdec.drafters.model_drafter import Feed, ModelDrafter, sampling_options, spare_blocks
 from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.runner import Chunk, ModelRunner, Rows
 from specdec.engine.sequence import Sequence
@@ -75,11 +74,9 @@ class DraftModelDrafter(ModelDrafter):
 
 @register("draft")
 def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
-    tree_mode = sampled_trees_option(args)
-    draft_temperature = draft_temperature_option(args)
+    sampling = sampling_options(args)
     drafter = _build_draft(args, ctx)
-    drafter.tree_mode = tree_mode
-    drafter.draft_temperature = draft_temperature
+    drafter.set_sampling(sampling)
     return drafter
 
 

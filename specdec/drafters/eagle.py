@@ -37,8 +37,7 @@ from specdec.drafters.heads.draft_folder import alias_of
 from specdec.drafters.heads.eagle_checkpoint import default_feature_layers, load_eagle
 from specdec.drafters.heads.eagle_model import EaglePredictor, paged_attend
 from specdec.drafters.heads.reduced_vocab import ReducedHead, draft_vocab, reduced_from
-from specdec.drafters.model_drafter import (Feed, ModelDrafter, draft_temperature_option, sampled_trees_option,
-                                            spare_blocks)
+from specdec.drafters.model_drafter import Feed, ModelDrafter, sampling_options, spare_blocks
 from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.runner import Chunk, pack
 from specdec.engine.sequence import Sequence
@@ -185,8 +184,7 @@ def shipped_eagle_dir(target_source: str, kind: str = "eagle") -> Path | None:
 def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDrafter:
     ref = args.pop("", None)
     vocab = int_arg(args, "vocab", -1, minimum=0)  # -1: the checkpoint's own choice (metadata), 0: full
-    tree_mode = sampled_trees_option(args)
-    draft_temperature = draft_temperature_option(args)
+    sampling = sampling_options(args)
     reject_unknown(kind, args)
     target: LlamaModel = ctx.target.model
     if ref is None:
@@ -222,8 +220,7 @@ def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDr
         if reduced is not None:
             quantize_int8_(reduced)
     drafter = EagleDrafter(predictor, target, ctx.engine, name=kind, feature_layers=layers, reduced=reduced)
-    drafter.tree_mode = tree_mode
-    drafter.draft_temperature = draft_temperature
+    drafter.set_sampling(sampling)
     return drafter
 
 

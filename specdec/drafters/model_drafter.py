@@ -78,6 +78,12 @@ def draft_temperature_option(args: dict[str, str]) -> float:
     return float_arg(args, "draft_temp", 1.0, 0.05, 4.0)
 
 
+def sampling_options(args: dict[str, str]) -> tuple[str, float]:
+    """How a model drafter draws for sampled requests: its `trees=` mode and `draft_temp=` (set them with
+    `ModelDrafter.set_sampling`)."""
+    return sampled_trees_option(args), draft_temperature_option(args)
+
+
 def spare_blocks(engine: EngineConfig) -> int:
     """Blocks a drafter's own cache needs beyond the target's: every running sequence's draft tree."""
     return engine.max_num_seqs * (-(-engine.max_tree_nodes // engine.block_size) + 1)
@@ -90,6 +96,10 @@ class ModelDrafter(DrafterBase):
     feeds_parent_outputs = False  # EAGLE: a node's input row is its parent's output
     tree_mode = DEFAULT_TREE_MODE  # one of TREE_MODES (option `trees=`)
     draft_temperature = 1.0  # option `draft_temp=`: sampled requests draw at this multiple of their temperature
+
+    def set_sampling(self, options: tuple[str, float]) -> None:
+        """Apply `sampling_options`: the tree mode and the draft temperature."""
+        self.tree_mode, self.draft_temperature = options
 
     @property
     def sampled_trees(self) -> bool:

@@ -18,8 +18,8 @@ Stages, each saved in the run folder so `--resume` continues where a run stopped
                chain's entries at t-j+1..t (the paper's diagonal masks). Each step's loss is cross-entropy
                against the target's distribution over the draft vocabulary (soft labels, from the recorded
                final hidden states and the head's rows of those tokens; positions whose target argmax is
-               outside the draft vocabulary masked), weighted 0.8^j. The draft vocabulary is the `draft_vocab` most frequent
-               target argmax tokens of the training sequences.
+               outside the draft vocabulary masked), weighted 0.8^j. The draft vocabulary is the `draft_vocab`
+               most frequent target argmax tokens of the training sequences.
 """
 
 from __future__ import annotations

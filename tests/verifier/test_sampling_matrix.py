@@ -207,8 +207,7 @@ GOF: dict[str, FitCase] = {
 def sample_case(models: L.Models, case: FitCase, seed: int = 0) -> torch.Tensor:
     engine = make_engine(case.drafter, models, case.tree, runs=case.runs)
     if case.sampled_trees:
-        engine.drafter.tree_mode = "sampled"
-    engine.drafter.draft_temperature = case.draft_temperature
+        engine.drafter.set_sampling(("sampled", case.draft_temperature))
     base = 1_000_003 * seed
     seqs = [engine.add_request(L.PROMPT, replace(case.params, max_new_tokens=L.HORIZON, ignore_eos=True,
                                                  seed=base + i)) for i in range(case.runs)]
