@@ -29,10 +29,10 @@ from torch import Tensor
 
 from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: one torch op each already
 
-__all__ = ["available", "copy_kv_slots", "decode_attention", "decode_layers", "linear_q4", "linear_q8", "paged_attention", "quantize",
-           "rms_norm", "rope_kv", "silu_mul", "write_kv"]
-SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "qlinear.cpp")
-HEADERS = ("ops.h", "vec.h")
+__all__ = ["available", "copy_kv_slots", "decode_attention", "decode_layers", "int8_isa", "linear_q4", "linear_q8",
+           "paged_attention", "quantize", "rms_norm", "rope_kv", "silu_mul", "write_kv"]
+SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "qlinear.cpp", "qlinear_vnni.cpp")
+HEADERS = ("ops.h", "qlinear_vnni.h", "vec.h")
 _HERE = Path(__file__).resolve().parent
 
 
@@ -119,6 +119,14 @@ def quantize(x: Tensor, mode: int) -> list[Tensor]:
 
 def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None) -> Tensor:
     return torch.ops.specdec_cpu.linear_q8(q, s, w, w_scale, bias)
+
+
+def int8_isa(request: str = "") -> str:
+    """The instruction set the int8 and int4 linears run on: "avx512-vnni" where the CPU has it (qlinear_vnni.cpp;
+    four times fewer instructions per product, which is what makes extra verified rows cheap), else "avx2".
+    `request` "avx2" forces the AVX2 tiles and "vnni" restores VNNI, for A/B runs and tests; the environment
+    variable SPECDEC_CPU_ISA=avx2 does the same for a whole process. Both give the same bits."""
+    return torch.ops.specdec_cpu.int8_isa(request)
 
 
 def linear_q4(q: Tensor, s: Tensor, gsum: Tensor, w: Tensor, d: Tensor, m_t: Tensor, bias: Tensor | None = None) -> Tensor:

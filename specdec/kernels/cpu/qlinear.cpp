@@ -15,7 +15,11 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <string>
+#include <vector>
+
 #include "ops.h"
+#include "qlinear_vnni.h"
 #include "vec.h"
 
 #if defined(__AVX2__)
@@ -42,23 +46,9 @@ const float* bias_ptr(const c10::optional<at::Tensor>& bias, int64_t n) {
 }
 
 #if defined(__AVX2__)
-inline int32_t hsum_i32(__m256i v) {
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-  return _mm_cvtsi128_si32(s);
-}
-
 // Eight int32 partial sums of 32 products q * w (q, w int8 in [-127, 127]).
 inline __m256i dot32_s8(__m256i q_abs, __m256i q, __m256i w) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(q_abs, _mm256_sign_epi8(w, q)), _mm256_set1_epi16(1));
-}
-
-// 32 nibbles of one group: byte j holds q[j] (low) and q[j + 16] (high).
-inline __m256i unpack_q4(const uint8_t* p) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
 }
 #endif
 
@@ -135,10 +125,18 @@ at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
   const float* ws = w_scale.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   constexpr int64_t kTilesPerTask = kColBlock / kTile;
+  const bool vnni = vnni::active();
+  std::vector<int32_t> qsum(vnni ? rows : 0);  // the VNNI tiles' correction term (qlinear_vnni.cpp)
+  for (int64_t r = 0; r < static_cast<int64_t>(qsum.size()); ++r)
+    for (int64_t i = 0; i < k; ++i) qsum[r] += qp[r * k + i];
   at::parallel_for(0, (tiles + kTilesPerTask - 1) / kTilesPerTask, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin * kTilesPerTask; t < std::min(tiles, end * kTilesPerTask); ++t) {
       const int8_t* wt = wp + t * kTile * k;
       const int64_t c = t * kTile;
+      if (vnni) {
+        vnni::q8_rows(qp, qsum.data(), rows, k, wt, sp, ws, b, c, n, yp + c);
+        continue;
+      }
       int64_t r = 0;
       for (; r + 2 <= rows; r += 2) q8_tile<2>(qp + r * k, k, wt, sp + r, ws, b, c, n, yp + r * n + c);
       for (; r < rows; ++r) q8_tile<1>(qp + r * k, k, wt, sp + r, ws, b, c, n, yp + r * n + c);
@@ -258,12 +256,17 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
   const at::Half* mp = m_t.data_ptr<at::Half>();
   float* yp = y.data_ptr<float>();
   constexpr int64_t kTilesPerTask = kColBlock / kTile;
+  const bool vnni = vnni::active();
   at::parallel_for(0, (tiles + kTilesPerTask - 1) / kTilesPerTask, 1, [&](int64_t begin, int64_t end) {
     const int64_t t0 = begin * kTilesPerTask, t1 = std::min(tiles, end * kTilesPerTask);
     for (int64_t t = t0; t < t1; ++t) {
       const uint8_t* wt = wp + t * kTile * (k / 2);
       const at::Half* dt = dp + t * kTile * groups;
       const int64_t c = t * kTile;
+      if (vnni) {
+        vnni::q4_rows(qp, rows, k, wt, dt, c, n, yp + c);
+        continue;
+      }
       int64_t r = 0;
       for (; r + 2 <= rows; r += 2) q4_tile<2>(qp + r * k, k, wt, dt, c, n, yp + r * n + c);
       for (; r < rows; ++r) q4_tile<1>(qp + r * k, k, wt, dt, c, n, yp + r * n + c);
@@ -271,6 +274,19 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
     q4_finish(yp, rows, n, t0 * kTile, std::min(n, t1 * kTile), mp, gp, groups, sp, b);
   });
   return y;
+}
+
+// The instruction set of the int8 and int4 linears: "avx512-vnni" or "avx2" (or "scalar" in a build without
+// AVX2). `request`: "" asks only; "avx2" forces the AVX2 tiles; "vnni" restores VNNI where the CPU has it.
+std::string int8_isa(const std::string& request) {
+  TORCH_CHECK(request.empty() || request == "avx2" || request == "vnni", "int8_isa: request must be '', 'avx2' or 'vnni'");
+  if (!request.empty()) vnni::set_active(request == "vnni");
+  if (vnni::active()) return "avx512-vnni";
+#if defined(__AVX2__)
+  return "avx2";
+#else
+  return "scalar";
+#endif
 }
 
 }  // namespace
@@ -290,6 +306,7 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
 TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {
   m.def("linear_q8(Tensor q, Tensor s, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor");
   m.def("linear_q4(Tensor q, Tensor s, Tensor gsum, Tensor w, Tensor d, Tensor m_t, Tensor? bias) -> Tensor");
+  m.def("int8_isa(str request) -> str", &specdec::int8_isa);
   m.impl("linear_q8", c10::DispatchKey::CPU, &specdec::linear_q8);
   m.impl("linear_q4", c10::DispatchKey::CPU, &specdec::linear_q4);
 }

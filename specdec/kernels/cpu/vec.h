@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__FMA__) && defined(__AVX2__)
+#if defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -85,5 +85,22 @@ inline float sexp(float x) {
   vf v = vexp(splat(x));
   return v[0];
 }
+
+#if defined(__AVX2__)
+// Integer helpers of the int8 and int4 linears (qlinear.cpp and its VNNI tiles, qlinear_vnni.cpp).
+inline int32_t hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// 32 nibbles of one group of 4-bit weights: byte j holds q[j] (low) and q[j + 16] (high).
+inline __m256i unpack_q4(const uint8_t* p) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), mask), _mm_and_si128(v, mask));
+}
+#endif
 
 }  // namespace specdec

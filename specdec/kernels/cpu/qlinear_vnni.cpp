@@ -1,0 +1,196 @@
+// The int8 and int4 linear tiles of qlinear.cpp on AVX-512 VNNI: the same exact integer dot products, one
+// instruction (vpdpbusd) per 64 products where AVX2 needs four per 32.
+//
+// Why it matters: verifying a token tree multiplies every weight tile by one activation row per node. With
+// AVX2 the integer arithmetic, not the memory traffic, sets the price of each extra row (on a 2-core EPYC,
+// 8 rows of SmolLM2's linears cost 2.8x one row); VNNI cuts that arithmetic about fourfold, so the rows of a
+// tree come nearly for free while the weights stream from memory once.
+//
+// vpdpbusd multiplies unsigned bytes by signed bytes, summing four products into each int32 lane:
+//   int8 x int8: the weights go in as w + 128 (w ^ 0x80, unsigned), the activations q as they are, and
+//                sum (w + 128) q = sum w q + 128 sum q, so the exact dot is the lane total minus 128 sum q;
+//   int4 x int8: the 4-bit weights are unsigned already.
+// Lane l of a channel's accumulator holds the same four products (bytes 4l .. 4l + 3 of each group of 32) as
+// lane l of the AVX2 kernel's maddubs + madd pair, and the float steps after it are the same instructions, so
+// both paths give the same bits (tests/kernels/test_int8_isa.py holds them to it). Two channels share one
+// 512-bit register: lanes 0-7 the first, 8-15 the second.
+//
+// The code below is compiled for AVX-512 (target pragma) but runs only where `supported()` says the CPU has
+// it; the rest of the kernels stay AVX2, one tested build for every x86 machine.
+#include "qlinear_vnni.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "vec.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)  // the build adds -mavx2 on x86 CPUs with AVX
+#define SPECDEC_VNNI 1
+#include <immintrin.h>
+#endif
+
+namespace specdec {
+namespace vnni {
+
+namespace {
+int active_isa = -1;  // -1 undecided; 0 AVX2; 1 AVX-512 VNNI
+}
+
+bool supported() {
+#if defined(SPECDEC_VNNI)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
+bool active() {
+  if (active_isa < 0) {
+    const char* forced = std::getenv("SPECDEC_CPU_ISA");  // "avx2": the A/B switch of the benches
+    active_isa = supported() && !(forced && std::strcmp(forced, "avx2") == 0) ? 1 : 0;
+  }
+  return active_isa == 1;
+}
+
+void set_active(bool on) { active_isa = on && supported() ? 1 : 0; }
+
+}  // namespace vnni
+}  // namespace specdec
+
+#if defined(SPECDEC_VNNI)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")
+
+namespace specdec {
+namespace vnni {
+namespace {
+
+constexpr int64_t kGroup = 32;
+constexpr int kTile = 4;
+
+// One row's 32 activations in both halves of a register (both channels of a register see the same inputs).
+inline __m512i broadcast32(const int8_t* p) {
+  return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// The four channels' exact dots from two accumulators (lanes 0-7 and 8-15 each one channel's partial sums),
+// less the w + 128 correction: integer sums, so any order of adding gives the same result.
+inline __m128i sum_channels(__m512i a01, __m512i a23, int32_t qsum) {
+  // 128-bit quarters: [c0 lo, c1 lo, c2 lo, c3 lo] + [c0 hi, c1 hi, c2 hi, c3 hi]
+  const __m512i x = _mm512_add_epi32(_mm512_shuffle_i32x4(a01, a23, 0x88), _mm512_shuffle_i32x4(a01, a23, 0xDD));
+  __m512i t = _mm512_add_epi32(x, _mm512_shuffle_epi32(x, static_cast<_MM_PERM_ENUM>(0x4E)));
+  t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, static_cast<_MM_PERM_ENUM>(0xB1)));  // each quarter: its total
+  const __m128i totals = _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), t));
+  return _mm_sub_epi32(totals, _mm_set1_epi32(128 * qsum));
+}
+
+template <int R>
+void q8_tile(const int8_t* q, const int32_t* qsum, int64_t k, const int8_t* wt, const float* s, const float* ws,
+             const float* b, int64_t c0, int64_t n, float* y) {
+  __m512i acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  const int64_t steps = k / kGroup;
+  for (int64_t j = 0; j < steps; ++j) {
+    const int8_t* wj = wt + j * kTile * kGroup;
+    _mm_prefetch(reinterpret_cast<const char*>(wj + 2 * kTile * k), _MM_HINT_T0);  // two tiles ahead
+    _mm_prefetch(reinterpret_cast<const char*>(wj + 2 * kTile * k + 64), _MM_HINT_T0);
+    const __m512i w01 = _mm512_xor_si512(_mm512_loadu_si512(wj), flip);  // channels 0, 1 as w + 128
+    const __m512i w23 = _mm512_xor_si512(_mm512_loadu_si512(wj + 2 * kGroup), flip);
+    for (int r = 0; r < R; ++r) {
+      const __m512i qv = broadcast32(q + r * k + j * kGroup);
+      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], w01, qv);
+      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], w23, qv);
+    }
+  }
+  const bool full = c0 + kTile <= n;  // the last tile may hold padding channels: finished one by one
+  const __m128 ws4 = full ? _mm_loadu_ps(ws + c0) : _mm_setzero_ps();
+  for (int r = 0; r < R; ++r) {
+    int32_t dots[kTile];
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dots), sum_channels(acc[r][0], acc[r][1], qsum[r]));
+    if (full) {  // the scalar steps below, four channels at once (same operations, same rounding)
+      __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dots))),
+                            _mm_mul_ps(_mm_set1_ps(s[r]), ws4));
+      if (b) v = _mm_add_ps(v, _mm_loadu_ps(b + c0));
+      _mm_storeu_ps(y + r * n, v);
+      continue;
+    }
+    for (int c = 0; c < kTile && c0 + c < n; ++c) {
+      const float v = static_cast<float>(dots[c]) * (s[r] * ws[c0 + c]);
+      y[r * n + c] = b ? v + b[c0 + c] : v;
+    }
+  }
+}
+
+inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+
+template <int R>
+void q4_tile(const int8_t* q, int64_t k, const uint8_t* wt, const c10::Half* dt, int64_t c0, int64_t n, float* y) {
+  const int64_t groups = k / kGroup;
+  __m512 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* wg = wt + g * kTile * 16;
+    _mm_prefetch(reinterpret_cast<const char*>(wg + 4 * kTile * (k / 2)), _MM_HINT_T0);  // four tiles ahead
+    const __m512i w01 = join(unpack_q4(wg), unpack_q4(wg + 16));
+    const __m512i w23 = join(unpack_q4(wg + 32), unpack_q4(wg + 48));
+    const __m128i dh = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(dt + g * kTile));  // 4 float16
+    const __m128 d4 = _mm_cvtph_ps(dh);
+    // d of channels (0, 1) and (2, 3), each repeated over its eight lanes
+    const __m512 d01 = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d4[0]), _mm512_set1_ps(d4[1]));
+    const __m512 d23 = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d4[2]), _mm512_set1_ps(d4[3]));
+    for (int r = 0; r < R; ++r) {
+      const __m512i a = broadcast32(q + r * k + g * kGroup);
+      const __m512i p01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w01, a);
+      const __m512i p23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w23, a);
+      acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), d01, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), d23, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kTile && c0 + c < n; ++c) {
+      const __m512 a = acc[r][c / 2];
+      const __m256 half = c % 2 ? _mm512_extractf32x8_ps(a, 1) : _mm512_castps512_ps256(a);
+      y[r * n + c] = hsum((vf)half);
+    }
+}
+
+}  // namespace
+
+// Row blocks of 8, then 4, 2 and 1: up to 16 accumulators, the tile's weights loaded once per block.
+void q8_rows(const int8_t* q, const int32_t* qsum, int64_t rows, int64_t k, const int8_t* wt, const float* s,
+             const float* ws, const float* b, int64_t c0, int64_t n, float* y) {
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) q8_tile<8>(q + r * k, qsum + r, k, wt, s + r, ws, b, c0, n, y + r * n);
+  for (; r + 4 <= rows; r += 4) q8_tile<4>(q + r * k, qsum + r, k, wt, s + r, ws, b, c0, n, y + r * n);
+  for (; r + 2 <= rows; r += 2) q8_tile<2>(q + r * k, qsum + r, k, wt, s + r, ws, b, c0, n, y + r * n);
+  for (; r < rows; ++r) q8_tile<1>(q + r * k, qsum + r, k, wt, s + r, ws, b, c0, n, y + r * n);
+}
+
+void q4_rows(const int8_t* q, int64_t rows, int64_t k, const uint8_t* wt, const c10::Half* dt, int64_t c0, int64_t n,
+             float* y) {
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) q4_tile<8>(q + r * k, k, wt, dt, c0, n, y + r * n);
+  for (; r + 4 <= rows; r += 4) q4_tile<4>(q + r * k, k, wt, dt, c0, n, y + r * n);
+  for (; r + 2 <= rows; r += 2) q4_tile<2>(q + r * k, k, wt, dt, c0, n, y + r * n);
+  for (; r < rows; ++r) q4_tile<1>(q + r * k, k, wt, dt, c0, n, y + r * n);
+}
+
+}  // namespace vnni
+}  // namespace specdec
+
+#pragma GCC pop_options
+
+#else  // not x86: never active, never called
+
+namespace specdec {
+namespace vnni {
+void q8_rows(const int8_t*, const int32_t*, int64_t, int64_t, const int8_t*, const float*, const float*, const float*,
+             int64_t, int64_t, float*) {}
+void q4_rows(const int8_t*, int64_t, int64_t, const uint8_t*, const c10::Half*, int64_t, int64_t, float*) {}
+}  // namespace vnni
+}  // namespace specdec
+
+#endif
