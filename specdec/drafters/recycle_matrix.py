@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from specdec import kernels
 from specdec.errors import ConfigError
 
 Choice = tuple[int, ...]
@@ -116,9 +117,9 @@ class AdjacencyMatrix:
             return
         if logits.shape[0] != n or logits.shape[-1] != self.vocab_size:
             raise ConfigError(f"update needs logits [{n}, {self.vocab_size}], got {list(logits.shape)}")
-        top = logits.topk(self.k, dim=-1)  # [N, k], best first
-        probs = torch.exp(top.values.float() - torch.logsumexp(logits.float(), dim=-1, keepdim=True)).cpu().numpy()
-        succ = top.indices.to(torch.int32).cpu().numpy()
+        top_probs, top_ids = kernels.top_k_probs(logits.float(), self.k)  # [N, k] each, best first
+        probs = top_probs.cpu().numpy()
+        succ = top_ids.to(torch.int32).cpu().numpy()
         ids = tokens.cpu().numpy().astype(np.int64, copy=False)
         last = _last_occurrences(ids)
         self.table[ids[last]] = succ[last]

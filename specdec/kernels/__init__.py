@@ -5,6 +5,7 @@ Every kernel takes plain tensors and has a reference in `reference.py` with the 
 """
 
 from specdec.kernels.dispatch import (
+    copy_kv_layers,
     copy_kv_slots,
     decode_attention,
     linear_q4,
@@ -14,9 +15,11 @@ from specdec.kernels.dispatch import (
     rms_norm,
     rope_kv,
     silu_mul,
+    top_k_probs,
     write_kv,
 )
 from specdec.kernels.reference import FLOAT, Q8, ROWSCALE
 
-__all__ = ["FLOAT", "Q8", "ROWSCALE", "copy_kv_slots", "decode_attention", "linear_q4", "linear_q8", "paged_attention",
-           "quantize", "rms_norm", "rope_kv", "silu_mul", "write_kv"]
+__all__ = ["FLOAT", "Q8", "ROWSCALE", "copy_kv_layers", "copy_kv_slots", "decode_attention", "linear_q4", "linear_q8",
+           "paged_attention", "quantize", "rms_norm", "rope_kv", "silu_mul", "top_k_probs",
+           "write_kv"]

@@ -47,6 +47,16 @@ def copy_kv_slots(k_cache: Tensor, v_cache: Tensor, src_slots: Tensor, dst_slots
     backend_for(k_cache).copy_kv_slots(k_cache, v_cache, src_slots, dst_slots)
 
 
+def copy_kv_layers(layers: list[tuple[Tensor, Tensor]], src_slots: Tensor, dst_slots: Tensor) -> None:
+    """`copy_kv_slots` in every layer's (K, V) caches: the compaction of an accepted tree path."""
+    backend = backend_for(layers[0][0])
+    if backend is cpu:
+        cpu.copy_kv_layers([k for k, _ in layers], [v for _, v in layers], src_slots, dst_slots)
+        return
+    for k_cache, v_cache in layers:
+        backend.copy_kv_slots(k_cache, v_cache, src_slots, dst_slots)
+
+
 def paged_attention(
     q: Tensor,
     k_cache: Tensor,
@@ -102,6 +112,11 @@ def rope_kv(qkv: Tensor, scale: Tensor | None, bias: Tensor | None, positions: T
             k_cache: Tensor, v_cache: Tensor, slot_mapping: Tensor, q_heads: int, kv_heads: int) -> Tensor:
     backend = _elementwise(qkv) if k_cache.dtype == qkv.dtype else reference
     return backend.rope_kv(qkv, scale, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, q_heads, kv_heads)
+
+
+def top_k_probs(logits: Tensor, k: int) -> list[Tensor]:
+    """Softmax probabilities `[N, k]` and indices `[N, k]` of each row's k largest logits, largest first."""
+    return _elementwise(logits).top_k_probs(logits, k)
 
 
 def _elementwise(tensor: Tensor) -> ModuleType:

@@ -358,3 +358,11 @@ def rope_kv(
 def _rotate_half(x: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def top_k_probs(logits: Tensor, k: int) -> list[Tensor]:
+    """The `k` largest logits of each row `[N, V]` as softmax probabilities `[N, k]` float32 and their indices
+    `[N, k]` int64, largest first (equal logits in index order)."""
+    top = torch.sort(logits.float(), dim=-1, descending=True, stable=True)
+    values, indices = top.values[:, :k], top.indices[:, :k]
+    return [torch.exp(values - torch.logsumexp(logits.float(), dim=-1, keepdim=True)), indices]

@@ -121,8 +121,7 @@ class PagedKVCache:
         device = self.layers[0][0].device
         src = torch.tensor(src_slots, dtype=torch.int64, device=device)
         dst = torch.tensor(dst_slots, dtype=torch.int64, device=device)
-        for k_cache, v_cache in self.layers:
-            kernels.copy_kv_slots(k_cache, v_cache, src, dst)
+        kernels.copy_kv_layers(self.layers, src, dst)
 
     def fork(self, table: BlockTable) -> BlockTable:
         """A new table sharing every block of `table`; the first write into a shared partial block copies it."""

@@ -204,3 +204,36 @@ def test_linear_rows_are_bit_identical_alone_and_batched(bits):
     alone = torch.cat([run(slice(i, i + 1)) for i in range(11)])
     assert torch.equal(full, alone)
     assert torch.equal(full[3:8], run(slice(3, 8)))
+
+
+# ---- KV compaction ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("src,dst", [([5, 6, 7], [1, 2, 3]), ([1, 2, 3], [2, 3, 4]), ([9, 4], [4, 0]), ([], [])])
+def test_copy_kv_layers_is_the_reference_in_every_layer(src, dst):
+    """Overlapping moves (2 -> 3 while 3 -> 4) must copy snapshots of the sources, layer by layer."""
+    gen = torch.Generator().manual_seed(len(src))
+    layers = [(torch.randn(3, 4, 2, 8, generator=gen), torch.randn(3, 4, 2, 8, generator=gen)) for _ in range(3)]
+    expected = [(k.clone(), v.clone()) for k, v in layers]
+    src_t, dst_t = torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64)
+    for k, v in expected:
+        reference.copy_kv_slots(k, v, src_t, dst_t)
+    cpu.copy_kv_layers([k for k, _ in layers], [v for _, v in layers], src_t, dst_t)
+    for (k, v), (ek, ev) in zip(layers, expected):
+        assert torch.equal(k, ek) and torch.equal(v, ev)
+    with pytest.raises(RuntimeError, match="slot out of range"):
+        cpu.copy_kv_layers([layers[0][0]], [layers[0][1]], torch.tensor([12]), torch.tensor([0]))
+
+
+# ---- top-k with probabilities (Token Recycling's matrix update) ----------------------------------------------
+@pytest.mark.parametrize("rows,vocab,k", [(1, 49152, 8), (9, 1000, 8), (3, 37, 5), (2, 8, 8)])
+def test_top_k_probs_matches_the_reference(rows, vocab, k):
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(rows, vocab, generator=gen) * 4
+    logits[0, 3] = logits[0, 5] = logits[0].max() + 1  # a tie for first place: the lower index comes first
+    probs, ids = cpu.top_k_probs(logits, k)
+    want_probs, want_ids = reference.top_k_probs(logits, k)
+    assert torch.equal(ids, want_ids)
+    assert ids[0, 0] == 3 and ids[0, 1] == 5
+    torch.testing.assert_close(probs, want_probs, rtol=1e-4, atol=1e-7)  # float32 sums over V in another order
+    # batch invariance: a row alone gives the same bits
+    alone_probs, alone_ids = cpu.top_k_probs(logits[-1:], k)
+    assert torch.equal(alone_probs[0], probs[-1]) and torch.equal(alone_ids[0], ids[-1])

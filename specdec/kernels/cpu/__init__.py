@@ -29,9 +29,10 @@ from torch import Tensor
 
 from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: one torch op each already
 
-__all__ = ["available", "copy_kv_slots", "decode_attention", "decode_layers", "int8_isa", "linear_q4", "linear_q8",
-           "paged_attention", "quantize", "rms_norm", "rope_kv", "silu_mul", "write_kv"]
-SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "qlinear.cpp", "qlinear_vnni.cpp")
+__all__ = ["available", "copy_kv_layers", "copy_kv_slots", "decode_attention", "decode_layers", "int8_isa",
+           "linear_q4", "linear_q8", "paged_attention", "quantize", "rms_norm", "rope_kv", "silu_mul", "top_k_probs",
+           "write_kv"]
+SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "kv_copy.cpp", "qlinear.cpp", "qlinear_vnni.cpp", "topk.cpp")
 HEADERS = ("ops.h", "qlinear_vnni.h", "vec.h")
 _HERE = Path(__file__).resolve().parent
 
@@ -102,6 +103,15 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: 
                      scale: float, workspace: dict | None = None) -> Tensor:
     starts = torch.arange(q.shape[0] + 1, dtype=torch.int32)
     return paged_attention(q, k_cache, v_cache, block_tables, seq_lens - 1, starts, None, scale)
+
+
+def copy_kv_layers(k_caches: list[Tensor], v_caches: list[Tensor], src_slots: Tensor, dst_slots: Tensor) -> None:
+    """`copy_kv_slots` in every layer, in one call (kv_copy.cpp)."""
+    torch.ops.specdec_cpu.copy_kv_layers(k_caches, v_caches, src_slots, dst_slots)
+
+
+def top_k_probs(logits: Tensor, k: int) -> list[Tensor]:
+    return torch.ops.specdec_cpu.top_k_probs(logits, k)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, mode: int = 0, residual: Tensor | None = None,
