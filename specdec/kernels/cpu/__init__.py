@@ -29,11 +29,12 @@ from torch import Tensor
 
 from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: one torch op each already
 
-__all__ = ["available", "copy_kv_layers", "copy_kv_slots", "decode_attention", "decode_layers", "int8_isa",
+__all__ = ["available", "copy_kv_layers", "copy_kv_slots", "decode_attention", "decode_layers", "isa",
            "linear_q4", "linear_q8", "paged_attention", "quantize", "rms_norm", "rope_kv", "silu_mul", "top_k_probs",
            "write_kv"]
-SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "kv_copy.cpp", "qlinear.cpp", "qlinear_vnni.cpp", "topk.cpp")
-HEADERS = ("ops.h", "qlinear_vnni.h", "vec.h")
+SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp", "qlinear.cpp", "qlinear_vnni.cpp",
+           "topk.cpp")
+HEADERS = ("attention_rows.h", "isa.h", "ops.h", "qlinear_vnni.h", "vec.h")
 _HERE = Path(__file__).resolve().parent
 
 
@@ -131,12 +132,13 @@ def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | N
     return torch.ops.specdec_cpu.linear_q8(q, s, w, w_scale, bias)
 
 
-def int8_isa(request: str = "") -> str:
-    """The instruction set the int8 and int4 linears run on: "avx512-vnni" where the CPU has it (qlinear_vnni.cpp;
-    four times fewer instructions per product, which is what makes extra verified rows cheap), else "avx2".
-    `request` "avx2" forces the AVX2 tiles and "vnni" restores VNNI, for A/B runs and tests; the environment
-    variable SPECDEC_CPU_ISA=avx2 does the same for a whole process. Both give the same bits."""
-    return torch.ops.specdec_cpu.int8_isa(request)
+def isa(request: str = "") -> str:
+    """The instruction set the kernels run on: "avx512" where the CPU has AVX-512 F/BW/DQ/VL/VNNI (the int8
+    linears' VNNI tiles, four times fewer instructions a product, and attention's three-heads-at-a-time blocks:
+    what makes extra verified rows cheap), else "avx2". `request` "avx2" forces the AVX2 paths and "avx512"
+    restores AVX-512, for A/B runs and tests; SPECDEC_CPU_ISA=avx2 does the same for a whole process. Both give
+    the same bits."""
+    return torch.ops.specdec_cpu.isa(request)
 
 
 def linear_q4(q: Tensor, s: Tensor, gsum: Tensor, w: Tensor, d: Tensor, m_t: Tensor, bias: Tensor | None = None) -> Tensor:

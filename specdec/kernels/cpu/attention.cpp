@@ -18,8 +18,10 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
+#include "isa.h"
 #include "ops.h"
 #include "vec.h"
 
@@ -67,74 +69,8 @@ inline vf hsum8(const vf* a) {
 #endif
 }
 
-// Scores of one query head against keys[0 .. count) (count <= 8), into out[0 .. count): one accumulator per
-// key, fed eight dimensions at a time in order, then the fixed horizontal sum. A short chunk repeats its first
-// key in the unused accumulators (their scores are dropped), so every chunk runs the same register code.
-inline void scores8(const float* q, const float* k_base, const int64_t* keys, int64_t count, int64_t d, float scale,
-                    float* out) {
-  if (d % kLanes) {  // head sizes that are not a multiple of 8: the plain dot (still one fixed order)
-    for (int64_t t = 0; t < count; ++t) out[t] = dot(q, k_base + keys[t], d) * scale;
-    return;
-  }
-  const float* k[kLanes];
-  for (int t = 0; t < kLanes; ++t) k[t] = k_base + keys[t < count ? t : 0];
-  vf acc[kLanes] = {};
-  for (int64_t i = 0; i < d; i += kLanes) {
-    const vf qv = load(q + i);
-    for (int t = 0; t < kLanes; ++t) acc[t] = fma(qv, load(k[t] + i), acc[t]);
-  }
-  const vf scores = hsum8(acc) * splat(scale);
-  if (count == kLanes) {
-    store(out, scores);
-  } else {
-    for (int64_t t = 0; t < count; ++t) out[t] = scores[t];
-  }
-}
-
 constexpr int64_t kKeyChunk = 64;  // prefix keys per chunk: K or V of a chunk is 16 KiB at head size 64
 constexpr int64_t kRowBlock = 16;  // query rows of one sequence per task
-
-// acc[0 .. d) += sum_j p[j] v_j over the listed keys, in key order: sixty-four dimensions at a time in
-// registers, loaded from and stored back to `acc`, so that splitting the keys into runs gives the same bits.
-inline void accumulate_values(const float* p, const float* v_base, const int64_t* keys, int64_t n, int64_t d,
-                              float* acc) {
-  constexpr int64_t kBlock = 8 * kLanes;
-  int64_t i0 = 0;
-  for (; i0 + kBlock <= d; i0 += kBlock) {
-    vf a[8];
-    for (int l = 0; l < 8; ++l) a[l] = load(acc + i0 + l * kLanes);
-    for (int64_t j = 0; j < n; ++j) {
-      const float* v = v_base + keys[j] + i0;
-      const vf pj = splat(p[j]);
-      for (int l = 0; l < 8; ++l) a[l] = fma(pj, load(v + l * kLanes), a[l]);
-    }
-    for (int l = 0; l < 8; ++l) store(acc + i0 + l * kLanes, a[l]);
-  }
-  for (int64_t i = i0; i < d; ++i) {  // the rest of the head, one dimension at a time (same order per element)
-    float a = acc[i];
-    for (int64_t j = 0; j < n; ++j) a = fma1(p[j], v_base[keys[j] + i], a);
-    acc[i] = a;
-  }
-}
-
-// In place over p[0 .. n) (p padded to a multiple of 8): exp(p - max), zero past n; returns the sum.
-inline float softmax_numerators(float* p, int64_t n) {
-  const int64_t padded = (n + kLanes - 1) / kLanes * kLanes;
-  for (int64_t j = n; j < padded; ++j) p[j] = p[0];  // padding: any real score, zeroed after the exp
-  vf m = load(p);
-  for (int64_t j = kLanes; j < padded; j += kLanes) m = vmax(m, load(p + j));
-  const vf mx = splat(hmax(m));
-  vf total = splat(0.0f);
-  for (int64_t j = 0; j < padded; j += kLanes) {
-    vf e = vexp(load(p + j) - mx);
-    if (j + kLanes > n) {
-      for (int64_t l = n - j; l < kLanes; ++l) e[l] = 0.0f;
-    }
-    store(p + j, e);
-    total = total + e;
-  }
-  return hsum(total);
-}
 
 struct Scratch {
   std::vector<int64_t> prefix;    // element offsets ((slot * kv_heads + head) * D) of the committed keys
@@ -145,58 +81,34 @@ struct Scratch {
   std::vector<float> totals;      // [rows * group]: softmax denominators
 };
 
-// Attention of query rows r0 .. r1 (indices into q) of one sequence for one KV head: `group` query heads a
-// row, the sequence's `p` committed keys at `s.prefix`, and its new tokens' keys at `new_keys`, of which row
-// r sees those `visible_of(r)` lists.
-template <typename Visible>
-void attend_rows(const float* qp, float* op, int64_t r0, int64_t r1, int64_t q_heads, int64_t h, int64_t group,
-                 const float* k_base, const float* v_base, const int64_t* new_keys, int64_t n_new, int64_t d,
-                 float scale, Scratch& s, Visible visible_of) {
-  const int64_t rows = r1 - r0, p = static_cast<int64_t>(s.prefix.size()), nq = rows * group;
-  const int64_t padded = (p + n_new + kLanes - 1) / kLanes * kLanes;
-  s.visible.resize(rows * std::max<int64_t>(n_new, 1));
-  s.count.assign(rows, 0);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < n_new; ++j)
-      if (visible_of(r0 + r, j)) s.visible[r * n_new + s.count[r]++] = new_keys[j];
-  s.scores.resize(nq * padded);
-  s.acc.assign(nq * d, 0.0f);
-  auto query = [&](int64_t qi) { return qp + ((r0 + qi / group) * q_heads + h * group + qi % group) * d; };
-  // Scores: the prefix chunk by chunk for every query, then each row's own visible new keys.
-  for (int64_t j0 = 0; j0 < p; j0 += kKeyChunk) {
-    const int64_t j1 = std::min(p, j0 + kKeyChunk);
-    for (int64_t qi = 0; qi < nq; ++qi)
-      for (int64_t j = j0; j < j1; j += kLanes)
-        scores8(query(qi), k_base, s.prefix.data() + j, std::min<int64_t>(kLanes, j1 - j), d, scale,
-                s.scores.data() + qi * padded + j);
-  }
-  s.totals.resize(nq);
-  float* totals = s.totals.data();
-  for (int64_t qi = 0; qi < nq; ++qi) {
-    const int64_t r = qi / group, m = s.count[r];
-    float* sc = s.scores.data() + qi * padded;
-    for (int64_t j = 0; j < m; j += kLanes)
-      scores8(query(qi), k_base, s.visible.data() + r * n_new + j, std::min<int64_t>(kLanes, m - j), d, scale,
-              sc + p + j);
-    totals[qi] = softmax_numerators(sc, p + m);
-  }
-  // Weighted values in the same walk: the prefix chunk by chunk, then each row's new keys, then the division.
-  for (int64_t j0 = 0; j0 < p; j0 += kKeyChunk) {
-    const int64_t n = std::min(p, j0 + kKeyChunk) - j0;
-    for (int64_t qi = 0; qi < nq; ++qi)
-      accumulate_values(s.scores.data() + qi * padded + j0, v_base, s.prefix.data() + j0, n, d, s.acc.data() + qi * d);
-  }
-  for (int64_t qi = 0; qi < nq; ++qi) {
-    const int64_t r = qi / group;
-    float* acc = s.acc.data() + qi * d;
-    accumulate_values(s.scores.data() + qi * padded + p, v_base, s.visible.data() + r * n_new, s.count[r], d, acc);
-    float* out = op + ((r0 + r) * q_heads + h * group + qi % group) * d;
-    const float total = totals[qi];
-    int64_t i = 0;
-    for (; i + kLanes <= d; i += kLanes) store(out + i, load(acc + i) / splat(total));
-    for (; i < d; ++i) out[i] = acc[i] / total;
-  }
+}  // namespace
+
+// The row arithmetic twice (attention_rows.h): one query head at a time for any x86 CPU, three at a time with
+// AVX-512VL's 32 registers.
+namespace base {
+constexpr int kQueryBlock = 1;
 }
+namespace wide {
+constexpr int kQueryBlock = 3;
+}
+}  // namespace specdec
+
+#define SPECDEC_ATTN_NS base
+#include "attention_rows.h"
+#undef SPECDEC_ATTN_NS
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl")
+#define SPECDEC_ATTN_NS wide
+#include "attention_rows.h"
+#undef SPECDEC_ATTN_NS
+#pragma GCC pop_options
+#define SPECDEC_WIDE_ATTENTION 1
+#endif
+
+namespace specdec {
+namespace {
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                            const at::Tensor& block_tables, const at::Tensor& prefix_lens,
@@ -249,6 +161,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
   const int64_t num_tasks = static_cast<int64_t>(task_seq.size()) * kv_heads;
+  const bool wide = isa::avx512();
   at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
     Scratch s;
     std::vector<int64_t> new_keys;
@@ -272,7 +185,13 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
       auto visible = [&](int64_t t, int64_t j) {
         return mask_words ? static_cast<bool>((mask_words[t * mask_width + j / 32] >> (j % 32)) & 1) : (j <= t - first);
       };
-      attend_rows(qp, op, r0, r1, q_heads, h, group, kp, vp, new_keys.data(), n_new, d, sc, s, visible);
+#if defined(SPECDEC_WIDE_ATTENTION)
+      if (wide) {
+        wide::attend_rows(qp, op, r0, r1, q_heads, h, group, kp, vp, new_keys.data(), n_new, d, sc, s, visible);
+        continue;
+      }
+#endif
+      base::attend_rows(qp, op, r0, r1, q_heads, h, group, kp, vp, new_keys.data(), n_new, d, sc, s, visible);
     }
   });
   return out;

@@ -15,9 +15,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <string>
 #include <vector>
 
+#include "isa.h"
 #include "ops.h"
 #include "qlinear_vnni.h"
 #include "vec.h"
@@ -125,7 +125,7 @@ at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
   const float* ws = w_scale.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   constexpr int64_t kTilesPerTask = kColBlock / kTile;
-  const bool vnni = vnni::active();
+  const bool vnni = isa::avx512();
   std::vector<int32_t> qsum(vnni ? rows : 0);  // the VNNI tiles' correction term (qlinear_vnni.cpp)
   for (int64_t r = 0; r < static_cast<int64_t>(qsum.size()); ++r)
     for (int64_t i = 0; i < k; ++i) qsum[r] += qp[r * k + i];
@@ -256,7 +256,7 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
   const at::Half* mp = m_t.data_ptr<at::Half>();
   float* yp = y.data_ptr<float>();
   constexpr int64_t kTilesPerTask = kColBlock / kTile;
-  const bool vnni = vnni::active();
+  const bool vnni = isa::avx512();
   at::parallel_for(0, (tiles + kTilesPerTask - 1) / kTilesPerTask, 1, [&](int64_t begin, int64_t end) {
     const int64_t t0 = begin * kTilesPerTask, t1 = std::min(tiles, end * kTilesPerTask);
     for (int64_t t = t0; t < t1; ++t) {
@@ -276,19 +276,6 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
   return y;
 }
 
-// The instruction set of the int8 and int4 linears: "avx512-vnni" or "avx2" (or "scalar" in a build without
-// AVX2). `request`: "" asks only; "avx2" forces the AVX2 tiles; "vnni" restores VNNI where the CPU has it.
-std::string int8_isa(const std::string& request) {
-  TORCH_CHECK(request.empty() || request == "avx2" || request == "vnni", "int8_isa: request must be '', 'avx2' or 'vnni'");
-  if (!request.empty()) vnni::set_active(request == "vnni");
-  if (vnni::active()) return "avx512-vnni";
-#if defined(__AVX2__)
-  return "avx2";
-#else
-  return "scalar";
-#endif
-}
-
 }  // namespace
 
 namespace ops {
@@ -306,7 +293,6 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
 TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {
   m.def("linear_q8(Tensor q, Tensor s, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor");
   m.def("linear_q4(Tensor q, Tensor s, Tensor gsum, Tensor w, Tensor d, Tensor m_t, Tensor? bias) -> Tensor");
-  m.def("int8_isa(str request) -> str", &specdec::int8_isa);
   m.impl("linear_q8", c10::DispatchKey::CPU, &specdec::linear_q8);
   m.impl("linear_q4", c10::DispatchKey::CPU, &specdec::linear_q4);
 }

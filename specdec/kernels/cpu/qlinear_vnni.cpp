@@ -12,15 +12,12 @@
 //   int4 x int8: the 4-bit weights are unsigned already.
 // Lane l of a channel's accumulator holds the same four products (bytes 4l .. 4l + 3 of each group of 32) as
 // lane l of the AVX2 kernel's maddubs + madd pair, and the float steps after it are the same instructions, so
-// both paths give the same bits (tests/kernels/test_int8_isa.py holds them to it). Two channels share one
+// both paths give the same bits (tests/kernels/test_isa.py holds them to it). Two channels share one
 // 512-bit register: lanes 0-7 the first, 8-15 the second.
 //
-// The code below is compiled for AVX-512 (target pragma) but runs only where `supported()` says the CPU has
+// The code below is compiled for AVX-512 (target pragma) but runs only where isa::avx512() says the CPU has
 // it; the rest of the kernels stay AVX2, one tested build for every x86 machine.
 #include "qlinear_vnni.h"
-
-#include <cstdlib>
-#include <cstring>
 
 #include "vec.h"
 
@@ -28,36 +25,6 @@
 #define SPECDEC_VNNI 1
 #include <immintrin.h>
 #endif
-
-namespace specdec {
-namespace vnni {
-
-namespace {
-int active_isa = -1;  // -1 undecided; 0 AVX2; 1 AVX-512 VNNI
-}
-
-bool supported() {
-#if defined(SPECDEC_VNNI)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vnni");
-#else
-  return false;
-#endif
-}
-
-bool active() {
-  if (active_isa < 0) {
-    const char* forced = std::getenv("SPECDEC_CPU_ISA");  // "avx2": the A/B switch of the benches
-    active_isa = supported() && !(forced && std::strcmp(forced, "avx2") == 0) ? 1 : 0;
-  }
-  return active_isa == 1;
-}
-
-void set_active(bool on) { active_isa = on && supported() ? 1 : 0; }
-
-}  // namespace vnni
-}  // namespace specdec
 
 #if defined(SPECDEC_VNNI)
 #pragma GCC push_options

@@ -8,12 +8,7 @@
 namespace specdec {
 namespace vnni {
 
-// Whether this CPU has AVX-512 VNNI (and BW): the tiles below may run only if so.
-bool supported();
-// Whether the linears use the VNNI tiles now: supported, unless SPECDEC_CPU_ISA=avx2 or set_active(false).
-bool active();
-void set_active(bool on);
-
+// Both may run only where isa::avx512() (isa.h).
 // All `rows` rows times one tile of four output channels starting at c0 (qlinear.cpp's layouts and meaning);
 // `qsum` holds each row's sum of q.
 void q8_rows(const int8_t* q, const int32_t* qsum, int64_t rows, int64_t k, const int8_t* wt, const float* s,

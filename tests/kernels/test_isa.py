@@ -1,6 +1,7 @@
-"""The int8 and int4 linears on AVX-512 VNNI (qlinear_vnni.cpp) give the AVX2 tiles' bits: the same exact integer
-sums, so which instruction set a machine has never changes a token. The comparisons run where the CPU has VNNI;
-the switch itself is checked everywhere."""
+"""The AVX-512 paths of the compiled CPU kernels give the AVX2 paths' bits, so which instruction set a machine
+has never changes a token: the int8 and int4 linears' VNNI tiles (qlinear_vnni.cpp: the same exact integer
+sums) and attention's three-heads-at-a-time blocks (attention_rows.h: the same multiply-adds per query and key,
+in the same order). The comparisons run where the CPU has AVX-512; the switch itself is checked everywhere."""
 
 from __future__ import annotations
 
@@ -15,23 +16,23 @@ from specdec.kernels.reference import Q8
 pytestmark = pytest.mark.skipif(not cpu.available(), reason="compiled CPU kernels unavailable (no C++ compiler?)")
 
 
-def _has_vnni() -> bool:
+def _has_avx512() -> bool:
     if not cpu.available():
         return False
-    with _isa("vnni") as isa:
-        return isa == "avx512-vnni"
+    with _isa("avx512") as isa:
+        return isa == "avx512"
 
 
 @contextlib.contextmanager
 def _isa(request: str):
-    before = cpu.int8_isa()
+    before = cpu.isa()
     try:
-        yield cpu.int8_isa(request)
+        yield cpu.isa(request)
     finally:
-        cpu.int8_isa("vnni" if before == "avx512-vnni" else "avx2")
+        cpu.isa("avx512" if before == "avx512" else "avx2")
 
 
-needs_vnni = pytest.mark.skipif(not _has_vnni(), reason="this CPU has no AVX-512 VNNI")
+needs_avx512 = pytest.mark.skipif(not _has_avx512(), reason="this CPU has no AVX-512 (F, BW, DQ, VL, VNNI)")
 
 
 def _case(rows: int, k: int, n: int, seed: int):
@@ -49,7 +50,7 @@ def _case(rows: int, k: int, n: int, seed: int):
 def _both(run) -> tuple[torch.Tensor, torch.Tensor]:
     with _isa("avx2"):
         slow = run()
-    with _isa("vnni"):
+    with _isa("avx512"):
         fast = run()
     return slow, fast
 
@@ -57,14 +58,14 @@ def _both(run) -> tuple[torch.Tensor, torch.Tensor]:
 def test_the_switch_reports_what_runs():
     with _isa("avx2") as isa:
         assert isa in ("avx2", "scalar")
-        assert cpu.int8_isa() == isa
-    with _isa("vnni") as isa:
-        assert isa == ("avx512-vnni" if _has_vnni() else cpu.int8_isa("avx2"))
+        assert cpu.isa() == isa
+    with _isa("avx512") as isa:
+        assert isa == ("avx512" if _has_avx512() else cpu.isa("avx2"))
     with pytest.raises(RuntimeError, match="request must be"):
-        cpu.int8_isa("sse")
+        cpu.isa("sse")
 
 
-@needs_vnni
+@needs_avx512
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 33])
 @pytest.mark.parametrize("k,n", [(64, 13), (576, 72), (1536, 4)])
 def test_vnni_q8_tiles_equal_avx2_and_the_reference(rows, k, n):
@@ -75,7 +76,7 @@ def test_vnni_q8_tiles_equal_avx2_and_the_reference(rows, k, n):
     assert torch.equal(fast, reference.linear_q8(q, s, w, w_scale, bias))
 
 
-@needs_vnni
+@needs_avx512
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 13])
 @pytest.mark.parametrize("k,n", [(64, 13), (576, 72)])
 def test_vnni_q4_tiles_equal_avx2(rows, k, n):
@@ -84,7 +85,7 @@ def test_vnni_q4_tiles_equal_avx2(rows, k, n):
     assert torch.equal(fast, slow)
 
 
-@needs_vnni
+@needs_avx512
 def test_vnni_q8_is_exact_at_the_extremes():
     """Every product at its largest magnitude, over a long row (8,960 inputs, Qwen's down projection): the
     w + 128 trick must neither saturate nor lose the correction term."""
@@ -101,3 +102,15 @@ def test_vnni_q8_is_exact_at_the_extremes():
     expected = (q.long() @ w.long().T).float()
     assert torch.equal(slow, expected)
     assert torch.equal(fast, expected)
+
+
+@needs_avx512
+@pytest.mark.parametrize("tree", [None, "chain", "star", "random"])
+@pytest.mark.parametrize("group,head_dim", [(1, 16), (3, 64), (4, 20), (6, 64), (7, 64)])
+def test_wide_attention_equals_avx2(make_case, tree, group, head_dim):
+    """Groups of 1 to 7 heads cover blocks of three, their remainders, and blocks that span rows; head size 20
+    takes the plain-dot and one-dimension-at-a-time tails."""
+    case = make_case(70 + group, [0, 11, 26, 40, 90], [5, 9, 1, 3, 12], kv_heads=2, group=group, head_dim=head_dim,
+                     page=4, tree=tree)
+    slow, fast = _both(lambda: cpu.paged_attention(*case.args()))
+    assert torch.equal(fast, slow)

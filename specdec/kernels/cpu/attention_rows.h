@@ -1,0 +1,204 @@
+// The arithmetic of attention.cpp, included by it twice: once for every x86 CPU (namespace `base`, blocks of
+// one query head) and once compiled for AVX-512VL (namespace `wide`, blocks of kQueryBlock query heads), chosen
+// at run time. Not a header to include anywhere else.
+//
+// Why twice: AVX-512VL gives the same eight-lane instructions 32 registers instead of 16, enough to score
+// three query heads (a SmolLM2 GQA group, or three tree nodes) against eight keys at once: each key vector is
+// loaded once for all three, where one head at a time loads it three times and the loads, not the multiplies,
+// set the pace. Every (query, key) pair still goes through the same fused multiply-adds in the same order, so
+// both builds give the same bits (tests/kernels/test_int8_isa.py holds them to it).
+//
+// Expects, before inclusion: SPECDEC_ATTN_NS (the namespace), kQueryBlock, vec.h, dot(), hsum8(), Scratch,
+// kKeyChunk.
+
+namespace specdec {
+namespace SPECDEC_ATTN_NS {
+
+// Scores of G query heads against keys[0 .. count) (count <= 8), into out[g][0 .. count): one accumulator per
+// (head, key), fed eight dimensions at a time in order, then the fixed horizontal sum. A short chunk repeats
+// its first key in the unused accumulators (their scores are dropped), so every chunk runs the same code.
+template <int G>
+inline void scores8(const float* const* q, const float* k_base, const int64_t* keys, int64_t count, int64_t d,
+                    float scale, float* const* out) {
+  if (d % kLanes) {  // head sizes that are not a multiple of 8: the plain dot (still one fixed order)
+    for (int g = 0; g < G; ++g)
+      for (int64_t t = 0; t < count; ++t) out[g][t] = dot(q[g], k_base + keys[t], d) * scale;
+    return;
+  }
+  const float* k[kLanes];
+  for (int t = 0; t < kLanes; ++t) k[t] = k_base + keys[t < count ? t : 0];
+  vf acc[G][kLanes] = {};
+  for (int64_t i = 0; i < d; i += kLanes) {
+    vf qv[G];
+    for (int g = 0; g < G; ++g) qv[g] = load(q[g] + i);
+    for (int t = 0; t < kLanes; ++t) {
+      const vf kv = load(k[t] + i);
+      for (int g = 0; g < G; ++g) acc[g][t] = fma(qv[g], kv, acc[g][t]);
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    const vf scores = hsum8(acc[g]) * splat(scale);
+    if (count == kLanes) {
+      store(out[g], scores);
+    } else {
+      for (int64_t t = 0; t < count; ++t) out[g][t] = scores[t];
+    }
+  }
+}
+
+// acc[g][0 .. d) += sum_j p[g][j] v_j over the listed keys, in key order, for G query heads: sixty-four
+// dimensions at a time in registers, loaded from and stored back to `acc`, so that splitting the keys into
+// runs gives the same bits.
+template <int G>
+inline void accumulate_values(const float* const* p, const float* v_base, const int64_t* keys, int64_t n, int64_t d,
+                              float* const* acc) {
+  constexpr int64_t kBlock = 8 * kLanes;
+  int64_t i0 = 0;
+  for (; i0 + kBlock <= d; i0 += kBlock) {
+    vf a[G][8];
+    for (int g = 0; g < G; ++g)
+      for (int l = 0; l < 8; ++l) a[g][l] = load(acc[g] + i0 + l * kLanes);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* v = v_base + keys[j] + i0;
+      vf pj[G];
+      for (int g = 0; g < G; ++g) pj[g] = splat(p[g][j]);
+      for (int l = 0; l < 8; ++l) {
+        const vf vl = load(v + l * kLanes);
+        for (int g = 0; g < G; ++g) a[g][l] = fma(pj[g], vl, a[g][l]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int l = 0; l < 8; ++l) store(acc[g] + i0 + l * kLanes, a[g][l]);
+  }
+  for (int g = 0; g < G; ++g)
+    for (int64_t i = i0; i < d; ++i) {  // the rest of the head, one dimension at a time (same order per element)
+      float a = acc[g][i];
+      for (int64_t j = 0; j < n; ++j) a = fma1(p[g][j], v_base[keys[j] + i], a);
+      acc[g][i] = a;
+    }
+}
+
+// Queries qi .. qi + count of a block (count <= kQueryBlock) through `fn<G>` with G = count.
+template <typename Fn>
+inline void by_block(int64_t count, Fn fn) {
+  if (kQueryBlock >= 3 && count == 3) return fn(std::integral_constant<int, 3>{});
+  if (kQueryBlock >= 2 && count == 2) return fn(std::integral_constant<int, 2>{});
+  fn(std::integral_constant<int, 1>{});
+}
+
+// In place over p[0 .. n) (p padded to a multiple of 8): exp(p - max), zero past n; returns the sum.
+inline float softmax_numerators(float* p, int64_t n) {
+  const int64_t padded = (n + kLanes - 1) / kLanes * kLanes;
+  for (int64_t j = n; j < padded; ++j) p[j] = p[0];  // padding: any real score, zeroed after the exp
+  vf m = load(p);
+  for (int64_t j = kLanes; j < padded; j += kLanes) m = vmax(m, load(p + j));
+  const vf mx = splat(hmax(m));
+  vf total = splat(0.0f);
+  for (int64_t j = 0; j < padded; j += kLanes) {
+    vf e = vexp(load(p + j) - mx);
+    if (j + kLanes > n) {
+      for (int64_t l = n - j; l < kLanes; ++l) e[l] = 0.0f;
+    }
+    store(p + j, e);
+    total = total + e;
+  }
+  return hsum(total);
+}
+
+// Attention of query rows r0 .. r1 (indices into q) of one sequence for one KV head: `group` query heads a
+// row, the sequence's `p` committed keys at `s.prefix`, and its new tokens' keys at `new_keys`, of which row
+// r sees those `visible_of(r)` lists. The prefix is shared by every query, so it is walked in blocks of
+// kQueryBlock consecutive queries (rows and heads alike); a row's own new keys are walked by its heads.
+template <typename Visible>
+void attend_rows(const float* qp, float* op, int64_t r0, int64_t r1, int64_t q_heads, int64_t h, int64_t group,
+                 const float* k_base, const float* v_base, const int64_t* new_keys, int64_t n_new, int64_t d,
+                 float scale, Scratch& s, Visible visible_of) {
+  const int64_t rows = r1 - r0, p = static_cast<int64_t>(s.prefix.size()), nq = rows * group;
+  const int64_t padded = (p + n_new + kLanes - 1) / kLanes * kLanes;
+  s.visible.resize(rows * std::max<int64_t>(n_new, 1));
+  s.count.assign(rows, 0);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n_new; ++j)
+      if (visible_of(r0 + r, j)) s.visible[r * n_new + s.count[r]++] = new_keys[j];
+  s.scores.resize(nq * padded);
+  s.acc.assign(nq * d, 0.0f);
+  auto query = [&](int64_t qi) { return qp + ((r0 + qi / group) * q_heads + h * group + qi % group) * d; };
+  const float* qs[kQueryBlock];
+  float* outs[kQueryBlock];
+  const float* ps[kQueryBlock];
+  float* accs[kQueryBlock];
+  // Scores: the prefix chunk by chunk for every query, then each row's own visible new keys.
+  for (int64_t j0 = 0; j0 < p; j0 += kKeyChunk) {
+    const int64_t j1 = std::min(p, j0 + kKeyChunk);
+    for (int64_t qi = 0; qi < nq; qi += kQueryBlock) {
+      const int64_t count = std::min<int64_t>(kQueryBlock, nq - qi);
+      for (int64_t g = 0; g < count; ++g) qs[g] = query(qi + g);
+      for (int64_t j = j0; j < j1; j += kLanes) {
+        for (int64_t g = 0; g < count; ++g) outs[g] = s.scores.data() + (qi + g) * padded + j;
+        by_block(count, [&](auto block) {
+          scores8<decltype(block)::value>(qs, k_base, s.prefix.data() + j, std::min<int64_t>(kLanes, j1 - j), d,
+                                          scale, outs);
+        });
+      }
+    }
+  }
+  s.totals.resize(nq);
+  float* totals = s.totals.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t m = s.count[r];
+    for (int64_t g0 = 0; g0 < group; g0 += kQueryBlock) {
+      const int64_t count = std::min<int64_t>(kQueryBlock, group - g0);
+      for (int64_t g = 0; g < count; ++g) qs[g] = query(r * group + g0 + g);
+      for (int64_t j = 0; j < m; j += kLanes) {
+        for (int64_t g = 0; g < count; ++g) outs[g] = s.scores.data() + (r * group + g0 + g) * padded + p + j;
+        by_block(count, [&](auto block) {
+          scores8<decltype(block)::value>(qs, k_base, s.visible.data() + r * n_new + j, std::min<int64_t>(kLanes, m - j),
+                                          d, scale, outs);
+        });
+      }
+    }
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t qi = r * group + g;
+      totals[qi] = softmax_numerators(s.scores.data() + qi * padded, p + m);
+    }
+  }
+  // Weighted values in the same walk: the prefix chunk by chunk, then each row's new keys, then the division.
+  for (int64_t j0 = 0; j0 < p; j0 += kKeyChunk) {
+    const int64_t n = std::min(p, j0 + kKeyChunk) - j0;
+    for (int64_t qi = 0; qi < nq; qi += kQueryBlock) {
+      const int64_t count = std::min<int64_t>(kQueryBlock, nq - qi);
+      for (int64_t g = 0; g < count; ++g) {
+        ps[g] = s.scores.data() + (qi + g) * padded + j0;
+        accs[g] = s.acc.data() + (qi + g) * d;
+      }
+      by_block(count, [&](auto block) {
+        accumulate_values<decltype(block)::value>(ps, v_base, s.prefix.data() + j0, n, d, accs);
+      });
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g0 = 0; g0 < group; g0 += kQueryBlock) {
+      const int64_t count = std::min<int64_t>(kQueryBlock, group - g0);
+      for (int64_t g = 0; g < count; ++g) {
+        const int64_t qi = r * group + g0 + g;
+        ps[g] = s.scores.data() + qi * padded + p;
+        accs[g] = s.acc.data() + qi * d;
+      }
+      by_block(count, [&](auto block) {
+        accumulate_values<decltype(block)::value>(ps, v_base, s.visible.data() + r * n_new, s.count[r], d, accs);
+      });
+    }
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t qi = r * group + g;
+      const float* acc = s.acc.data() + qi * d;
+      float* out = op + ((r0 + r) * q_heads + h * group + g) * d;
+      const float total = totals[qi];
+      int64_t i = 0;
+      for (; i + kLanes <= d; i += kLanes) store(out + i, load(acc + i) / splat(total));
+      for (; i < d; ++i) out[i] = acc[i] / total;
+    }
+  }
+}
+
+}  // namespace SPECDEC_ATTN_NS
+}  // namespace specdec
