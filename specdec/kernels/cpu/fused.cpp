@@ -101,7 +101,29 @@ struct Output {
     const float inv = 127.0f / mx;
     int8_t* qr = q + r * n;
     float* gs = gsum + r * (n / kGroup);
-    for (int64_t g = 0; g < n / kGroup; ++g) {
+    int64_t g = 0;
+#if defined(__AVX2__)
+    // The loop below, eight values at a time: the same product, round-to-nearest-even and clamp, so the same
+    // bits (nearbyint rounds that way under the default rounding mode, as _mm256_round_ps does here).
+    const __m256 iv = _mm256_set1_ps(inv), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-127.0f);
+    for (; g < n / kGroup; ++g) {
+      __m256i part[4];
+      for (int t = 0; t < 4; ++t) {
+        __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(hr + g * kGroup + 8 * t), iv),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        part[t] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+      }
+      // int32 -> int8 (values are in [-127, 127]: the saturating packs are exact); packs work per 128-bit
+      // lane, so the permute restores element order.
+      const __m256i w16 = _mm256_packs_epi32(part[0], part[1]), x16 = _mm256_packs_epi32(part[2], part[3]);
+      const __m256i b8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16, x16),
+                                                     _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(qr + g * kGroup), b8);
+      const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(part[0], part[1]), _mm256_add_epi32(part[2], part[3]));
+      gs[g] = static_cast<float>(hsum_i32(sum));
+    }
+#endif
+    for (; g < n / kGroup; ++g) {
       int32_t total = 0;
       for (int64_t i = g * kGroup; i < (g + 1) * kGroup; ++i) {
         float v = std::nearbyint(hr[i] * inv);
