@@ -37,6 +37,12 @@ namespace {
 constexpr int64_t kGroup = 32;
 constexpr int kTile = 4;
 
+// acc += the four-product sums of a (unsigned bytes) and b (signed bytes), lane by lane. Inline assembly, not
+// _mm512_dpbusd_epi32: GCC 12 ties that intrinsic's accumulator to registers 0-15 and, with sixteen
+// accumulators live, copies each one out and back around every instruction (three instructions where one
+// does, measured as half the speed); "+v" lets the accumulators stay in any of the 32 registers.
+inline void dpbusd(__m512i& acc, __m512i a, __m512i b) { asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b)); }
+
 // One row's 32 activations in both halves of a register (both channels of a register see the same inputs).
 inline __m512i broadcast32(const int8_t* p) {
   return _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -56,8 +62,9 @@ inline __m128i sum_channels(__m512i a01, __m512i a23, int32_t qsum) {
 template <int R>
 void q8_tile(const int8_t* q, const int32_t* qsum, int64_t k, const int8_t* wt, const float* s, const float* ws,
              const float* b, int64_t c0, int64_t n, float* y) {
-  __m512i acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+  __m512i acc01[R], acc23[R];  // two arrays, loops unrolled: every accumulator gets a register of its own
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc01[r] = acc23[r] = _mm512_setzero_si512();
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   const int64_t steps = k / kGroup;
   for (int64_t j = 0; j < steps; ++j) {
@@ -66,17 +73,19 @@ void q8_tile(const int8_t* q, const int32_t* qsum, int64_t k, const int8_t* wt, 
     _mm_prefetch(reinterpret_cast<const char*>(wj + 2 * kTile * k + 64), _MM_HINT_T0);
     const __m512i w01 = _mm512_xor_si512(_mm512_loadu_si512(wj), flip);  // channels 0, 1 as w + 128
     const __m512i w23 = _mm512_xor_si512(_mm512_loadu_si512(wj + 2 * kGroup), flip);
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512i qv = broadcast32(q + r * k + j * kGroup);
-      acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], w01, qv);
-      acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], w23, qv);
+      dpbusd(acc01[r], w01, qv);
+      dpbusd(acc23[r], w23, qv);
     }
   }
   const bool full = c0 + kTile <= n;  // the last tile may hold padding channels: finished one by one
   const __m128 ws4 = full ? _mm_loadu_ps(ws + c0) : _mm_setzero_ps();
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     int32_t dots[kTile];
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dots), sum_channels(acc[r][0], acc[r][1], qsum[r]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dots), sum_channels(acc01[r], acc23[r], qsum[r]));
     if (full) {  // the scalar steps below, four channels at once (same operations, same rounding)
       __m128 v = _mm_mul_ps(_mm_cvtepi32_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(dots))),
                             _mm_mul_ps(_mm_set1_ps(s[r]), ws4));
@@ -96,8 +105,9 @@ inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_c
 template <int R>
 void q4_tile(const int8_t* q, int64_t k, const uint8_t* wt, const c10::Half* dt, int64_t c0, int64_t n, float* y) {
   const int64_t groups = k / kGroup;
-  __m512 acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  __m512 acc01[R], acc23[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc01[r] = acc23[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* wg = wt + g * kTile * 16;
     _mm_prefetch(reinterpret_cast<const char*>(wg + 4 * kTile * (k / 2)), _MM_HINT_T0);  // four tiles ahead
@@ -108,17 +118,20 @@ void q4_tile(const int8_t* q, int64_t k, const uint8_t* wt, const c10::Half* dt,
     // d of channels (0, 1) and (2, 3), each repeated over its eight lanes
     const __m512 d01 = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d4[0]), _mm512_set1_ps(d4[1]));
     const __m512 d23 = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d4[2]), _mm512_set1_ps(d4[3]));
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const __m512i a = broadcast32(q + r * k + g * kGroup);
-      const __m512i p01 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w01, a);
-      const __m512i p23 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w23, a);
-      acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), d01, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), d23, acc[r][1]);
+      __m512i p01 = _mm512_setzero_si512(), p23 = _mm512_setzero_si512();
+      dpbusd(p01, w01, a);
+      dpbusd(p23, w23, a);
+      acc01[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p01), d01, acc01[r]);
+      acc23[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p23), d23, acc23[r]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kTile && c0 + c < n; ++c) {
-      const __m512 a = acc[r][c / 2];
+      const __m512 a = c / 2 ? acc23[r] : acc01[r];
       const __m256 half = c % 2 ? _mm512_extractf32x8_ps(a, 1) : _mm512_castps512_ps256(a);
       y[r * n + c] = hsum((vf)half);
     }
