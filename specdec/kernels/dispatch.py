@@ -114,6 +114,11 @@ def rope_kv(qkv: Tensor, scale: Tensor | None, bias: Tensor | None, positions: T
     return backend.rope_kv(qkv, scale, bias, positions, cos, sin, k_cache, v_cache, slot_mapping, q_heads, kv_heads)
 
 
+def argmax_rows(logits: Tensor) -> Tensor:
+    """Each row's index of its largest logit (the first on ties), `[N]` int64."""
+    return _elementwise(logits).argmax_rows(logits)
+
+
 def top_k_probs(logits: Tensor, k: int) -> list[Tensor]:
     """Softmax probabilities `[N, k]` and indices `[N, k]` of each row's k largest logits, largest first."""
     return _elementwise(logits).top_k_probs(logits, k)

@@ -366,3 +366,8 @@ def top_k_probs(logits: Tensor, k: int) -> list[Tensor]:
     top = torch.sort(logits.float(), dim=-1, descending=True, stable=True)
     values, indices = top.values[:, :k], top.indices[:, :k]
     return [torch.exp(values - torch.logsumexp(logits.float(), dim=-1, keepdim=True)), indices]
+
+
+def argmax_rows(logits: Tensor) -> Tensor:
+    """Each row's index of its largest logit `[N]` int64 (the first, on ties): greedy verification's read."""
+    return logits.argmax(-1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specdec import kernels
 from specdec.sampling import sample, uniform
 from specdec.tree.token_tree import TokenTree
 from specdec.verifier.result import VerifyResult
@@ -66,7 +67,7 @@ def verify_greedy_batch(trees: list[TokenTree], logits: list[Tensor]) -> list[Ve
     """`verify_greedy` for many sequences at once: one argmax over all their rows, one host transfer."""
     if not trees:
         return []
-    best_all = torch.cat(logits).argmax(-1).tolist()
+    best_all = kernels.argmax_rows(logits[0] if len(logits) == 1 else torch.cat(logits)).tolist()
     results, row = [], 0
     for tree in trees:
         n = len(tree)

@@ -240,3 +240,15 @@ def test_top_k_probs_matches_the_reference(rows, vocab, k):
     # batch invariance: a row alone gives the same bits
     alone_probs, alone_ids = cpu.top_k_probs(logits[-1:], k)
     assert torch.equal(alone_probs[0], probs[-1]) and torch.equal(alone_ids[0], ids[-1])
+
+
+@pytest.mark.parametrize("rows,vocab", [(1, 49152), (5, 1000), (3, 7), (2, 8), (4, 17)])
+def test_argmax_rows_is_torch_argmax_ties_included(rows, vocab):
+    gen = torch.Generator().manual_seed(vocab + rows)
+    logits = torch.randn(rows, vocab, generator=gen)
+    top = logits.max() + 1
+    logits[0, vocab // 2] = logits[0, vocab - 1] = top  # a tie: the first index wins
+    if rows > 1:
+        logits[1] = 0.0  # all equal: index 0
+    assert torch.equal(cpu.argmax_rows(logits), reference.argmax_rows(logits))
+    assert cpu.argmax_rows(logits)[0] == vocab // 2

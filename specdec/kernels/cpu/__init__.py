@@ -29,11 +29,11 @@ from torch import Tensor
 
 from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: one torch op each already
 
-__all__ = ["available", "copy_kv_layers", "copy_kv_slots", "decode_attention", "decode_layers", "isa",
+__all__ = ["argmax_rows", "available", "copy_kv_layers", "copy_kv_slots", "decode_attention", "decode_layers", "isa",
            "linear_q4", "linear_q8", "paged_attention", "quantize", "rms_norm", "rope_kv", "silu_mul", "top_k_probs",
            "write_kv"]
-SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp", "qlinear.cpp", "qlinear_vnni.cpp",
-           "topk.cpp")
+SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp", "logit_rows.cpp", "qlinear.cpp",
+           "qlinear_vnni.cpp")
 HEADERS = ("attention_rows.h", "isa.h", "ops.h", "qlinear_vnni.h", "vec.h")
 _HERE = Path(__file__).resolve().parent
 
@@ -109,6 +109,10 @@ def decode_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: 
 def copy_kv_layers(k_caches: list[Tensor], v_caches: list[Tensor], src_slots: Tensor, dst_slots: Tensor) -> None:
     """`copy_kv_slots` in every layer, in one call (kv_copy.cpp)."""
     torch.ops.specdec_cpu.copy_kv_layers(k_caches, v_caches, src_slots, dst_slots)
+
+
+def argmax_rows(logits: Tensor) -> Tensor:
+    return torch.ops.specdec_cpu.argmax_rows(logits)
 
 
 def top_k_probs(logits: Tensor, k: int) -> list[Tensor]:
