@@ -107,19 +107,22 @@ class RecycleDrafter(DrafterBase):
     def observe_verified(self, seqs: list[Sequence], trees: list[TokenTree], logits: list[Tensor],
                          results: list[VerifyResult]) -> None:
         """Recycle every verified row into the matrix, the accepted path last (its context really happened)."""
-        tokens, prevs, rows = [], [], []
+        tokens, prevs, probs, ids = [], [], [], []
         for seq, tree, row_logits, result in zip(seqs, trees, logits, results):
             accepted = result.accepted_nodes
             on_path = set(accepted)
-            order = [i for i in range(len(tree)) if i not in on_path] + accepted
-            index = torch.tensor(order, dtype=torch.int64)
-            node_tokens = tree.tokens
-            before = torch.cat([torch.tensor([_before_last(seq)]), node_tokens[tree.parents[1:]]])
+            index = np.array([i for i in range(len(tree)) if i not in on_path] + accepted, dtype=np.int64)
+            node_tokens = tree.tokens.numpy()
+            before = np.concatenate([[_before_last(seq)], node_tokens[tree.parents[1:].numpy()]])
+            # Each row's top-k straight from the verify pass's logits, then put in order (k numbers a row: the
+            # rows of logits themselves, 200 KB each, are never gathered).
+            top_probs, top_ids = self.matrix.top(row_logits)
             tokens.append(node_tokens[index])
             prevs.append(before[index])
-            rows.append(row_logits[index])
+            probs.append(top_probs[index])
+            ids.append(top_ids[index])
         if tokens:
-            self.matrix.update(torch.cat(tokens), torch.cat(rows), torch.cat(prevs))
+            self.matrix.write(*(np.concatenate(parts) for parts in (tokens, ids, probs, prevs)))
 
     # no per-sequence state: the matrix is shared, and updated in observe_verified (commit/release: DrafterBase)
 

@@ -117,15 +117,24 @@ class AdjacencyMatrix:
             return
         if logits.shape[0] != n or logits.shape[-1] != self.vocab_size:
             raise ConfigError(f"update needs logits [{n}, {self.vocab_size}], got {list(logits.shape)}")
-        top_probs, top_ids = kernels.top_k_probs(logits.float(), self.k)  # [N, k] each, best first
-        probs = top_probs.cpu().numpy()
-        succ = top_ids.to(torch.int32).cpu().numpy()
-        ids = tokens.cpu().numpy().astype(np.int64, copy=False)
+        probs, succ = self.top(logits)
+        self.write(tokens.cpu().numpy(), succ, probs, None if prev is None else prev.cpu().numpy())
+
+    def top(self, logits: Tensor) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's k best successors' probabilities `[N, k]` float32 and ids `[N, k]` int32, best first."""
+        if logits.shape[-1] != self.vocab_size:
+            raise ConfigError(f"logits must have {self.vocab_size} columns, got {list(logits.shape)}")
+        top_probs, top_ids = kernels.top_k_probs(logits.float(), self.k)
+        return top_probs.cpu().numpy(), top_ids.to(torch.int32).cpu().numpy()
+
+    def write(self, tokens: np.ndarray, succ: np.ndarray, probs: np.ndarray, prev: np.ndarray | None = None) -> None:
+        """`update` from top-k already taken (`top`): rows `tokens [N]` := `succ [N, k]` with `probs [N, k]`."""
+        ids = tokens.astype(np.int64, copy=False)
         last = _last_occurrences(ids)
         self.table[ids[last]] = succ[last]
         self.probs[ids[last]] = probs[last]
         if self.pair_bits and prev is not None:
-            before = prev.cpu().numpy().astype(np.int64, copy=False)
+            before = prev.astype(np.int64, copy=False)
             has = np.flatnonzero(before >= 0)
             keys = before[has] * self.vocab_size + ids[has]
             slots = self._slots(keys)
