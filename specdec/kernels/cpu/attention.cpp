@@ -83,8 +83,8 @@ struct Scratch {
 
 }  // namespace
 
-// The row arithmetic twice (attention_rows.h): one query head at a time for any x86 CPU, three at a time with
-// AVX-512VL's 32 registers.
+// The row arithmetic twice (attention_rows.h): one query head at a time for any x86 CPU, three at a time in
+// sixteen-lane registers with AVX-512.
 namespace base {
 constexpr int kQueryBlock = 1;
 }
@@ -94,14 +94,18 @@ constexpr int kQueryBlock = 3;
 }  // namespace specdec
 
 #define SPECDEC_ATTN_NS base
+#define SPECDEC_ATTN_WIDE 0
 #include "attention_rows.h"
+#undef SPECDEC_ATTN_WIDE
 #undef SPECDEC_ATTN_NS
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl")
+#pragma GCC target("avx512f,avx512vl,avx512dq")
 #define SPECDEC_ATTN_NS wide
+#define SPECDEC_ATTN_WIDE 1
 #include "attention_rows.h"
+#undef SPECDEC_ATTN_WIDE
 #undef SPECDEC_ATTN_NS
 #pragma GCC pop_options
 #define SPECDEC_WIDE_ATTENTION 1

@@ -8,15 +8,20 @@
 // set the pace. Every (query, key) pair still goes through the same fused multiply-adds in the same order, so
 // both builds give the same bits (tests/kernels/test_int8_isa.py holds them to it).
 //
-// Expects, before inclusion: SPECDEC_ATTN_NS (the namespace), kQueryBlock, vec.h, dot(), hsum8(), Scratch,
-// kKeyChunk.
+// Expects, before inclusion: SPECDEC_ATTN_NS (the namespace), SPECDEC_ATTN_WIDE (1: AVX-512 code), kQueryBlock,
+// vec.h, dot(), hsum8(), Scratch, kKeyChunk.
 
 namespace specdec {
 namespace SPECDEC_ATTN_NS {
 
 // Scores of G query heads against keys[0 .. count) (count <= 8), into out[g][0 .. count): one accumulator per
-// (head, key), fed eight dimensions at a time in order, then the fixed horizontal sum. A short chunk repeats
-// its first key in the unused accumulators (their scores are dropped), so every chunk runs the same code.
+// (head, key), then a fixed horizontal sum. A short chunk repeats its first key in the unused accumulators
+// (their scores are dropped), so every chunk runs the same code.
+//
+// Head sizes that are a multiple of 16 accumulate sixteen lanes (lane l: dimensions l, l + 16, l + 32, ... in
+// order), folded to eight as lanes l + (l + 8), then summed as below: one 512-bit register a key with
+// AVX-512, two 256-bit halves with AVX2, the same operations per lane either way. Other multiples of 8
+// accumulate eight lanes; the rest take the plain dot.
 template <int G>
 inline void scores8(const float* const* q, const float* k_base, const int64_t* keys, int64_t count, int64_t d,
                     float scale, float* const* out) {
@@ -27,13 +32,56 @@ inline void scores8(const float* const* q, const float* k_base, const int64_t* k
   }
   const float* k[kLanes];
   for (int t = 0; t < kLanes; ++t) k[t] = k_base + keys[t < count ? t : 0];
-  vf acc[G][kLanes] = {};
-  for (int64_t i = 0; i < d; i += kLanes) {
-    vf qv[G];
-    for (int g = 0; g < G; ++g) qv[g] = load(q[g] + i);
-    for (int t = 0; t < kLanes; ++t) {
-      const vf kv = load(k[t] + i);
-      for (int g = 0; g < G; ++g) acc[g][t] = fma(qv[g], kv, acc[g][t]);
+  vf acc[G][kLanes];
+  if (d % (2 * kLanes) == 0) {
+#if SPECDEC_ATTN_WIDE
+    __m512 wide[G][kLanes];
+#pragma GCC unroll 8
+    for (int t = 0; t < kLanes; ++t)
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) wide[g][t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < d; i += 2 * kLanes) {
+      __m512 qv[G];
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) qv[g] = _mm512_loadu_ps(q[g] + i);
+#pragma GCC unroll 8
+      for (int t = 0; t < kLanes; ++t) {
+        const __m512 kv = _mm512_loadu_ps(k[t] + i);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) wide[g][t] = _mm512_fmadd_ps(qv[g], kv, wide[g][t]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < kLanes; ++t)
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g)
+        acc[g][t] = (vf)_mm256_add_ps(_mm512_castps512_ps256(wide[g][t]), _mm512_extractf32x8_ps(wide[g][t], 1));
+#else
+    for (int t0 = 0; t0 < kLanes; t0 += 4) {  // four keys at a time: eight accumulators a head fit AVX2's registers
+      vf lo[G][4] = {}, hi[G][4] = {};
+      for (int64_t i = 0; i < d; i += 2 * kLanes) {
+        for (int g = 0; g < G; ++g) {
+          const vf ql = load(q[g] + i), qh = load(q[g] + i + kLanes);
+          for (int t = 0; t < 4; ++t) {
+            lo[g][t] = fma(ql, load(k[t0 + t] + i), lo[g][t]);
+            hi[g][t] = fma(qh, load(k[t0 + t] + i + kLanes), hi[g][t]);
+          }
+        }
+      }
+      for (int g = 0; g < G; ++g)
+        for (int t = 0; t < 4; ++t) acc[g][t0 + t] = lo[g][t] + hi[g][t];
+    }
+#endif
+  } else {
+    for (int g = 0; g < G; ++g)
+      for (int t = 0; t < kLanes; ++t) acc[g][t] = splat(0.0f);
+    for (int64_t i = 0; i < d; i += kLanes) {
+      vf qv[G];
+      for (int g = 0; g < G; ++g) qv[g] = load(q[g] + i);
+      for (int t = 0; t < kLanes; ++t) {
+        const vf kv = load(k[t] + i);
+        for (int g = 0; g < G; ++g) acc[g][t] = fma(qv[g], kv, acc[g][t]);
+      }
     }
   }
   for (int g = 0; g < G; ++g) {
@@ -48,12 +96,38 @@ inline void scores8(const float* const* q, const float* k_base, const int64_t* k
 
 // acc[g][0 .. d) += sum_j p[g][j] v_j over the listed keys, in key order, for G query heads: sixty-four
 // dimensions at a time in registers, loaded from and stored back to `acc`, so that splitting the keys into
-// runs gives the same bits.
+// runs gives the same bits. Each element is its own chain of fused multiply-adds, so the register width
+// (sixteen lanes with AVX-512, eight with AVX2) changes nothing but the speed.
 template <int G>
 inline void accumulate_values(const float* const* p, const float* v_base, const int64_t* keys, int64_t n, int64_t d,
                               float* const* acc) {
   constexpr int64_t kBlock = 8 * kLanes;
   int64_t i0 = 0;
+#if SPECDEC_ATTN_WIDE
+  for (; i0 + kBlock <= d; i0 += kBlock) {
+    __m512 a[G][4];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+      for (int l = 0; l < 4; ++l) a[g][l] = _mm512_loadu_ps(acc[g] + i0 + 16 * l);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* v = v_base + keys[j] + i0;
+      __m512 pj[G];
+#pragma GCC unroll 4
+      for (int g = 0; g < G; ++g) pj[g] = _mm512_set1_ps(p[g][j]);
+#pragma GCC unroll 4
+      for (int l = 0; l < 4; ++l) {
+        const __m512 vl = _mm512_loadu_ps(v + 16 * l);
+#pragma GCC unroll 4
+        for (int g = 0; g < G; ++g) a[g][l] = _mm512_fmadd_ps(pj[g], vl, a[g][l]);
+      }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g)
+#pragma GCC unroll 4
+      for (int l = 0; l < 4; ++l) _mm512_storeu_ps(acc[g] + i0 + 16 * l, a[g][l]);
+  }
+#else
   for (; i0 + kBlock <= d; i0 += kBlock) {
     vf a[G][8];
     for (int g = 0; g < G; ++g)
@@ -70,6 +144,7 @@ inline void accumulate_values(const float* const* p, const float* v_base, const 
     for (int g = 0; g < G; ++g)
       for (int l = 0; l < 8; ++l) store(acc[g] + i0 + l * kLanes, a[g][l]);
   }
+#endif
   for (int g = 0; g < G; ++g)
     for (int64_t i = i0; i < d; ++i) {  // the rest of the head, one dimension at a time (same order per element)
       float a = acc[g][i];
