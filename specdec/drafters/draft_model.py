@@ -31,7 +31,7 @@ from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
 from specdec.models.llama import LlamaModel
 from specdec.models.loader import load_model
-from specdec.models.quant import quantize_int8_
+from specdec.models.quant import quantize_drafter_int8_
 from specdec.tree.spec import TreeSpec, chain
 
 DEFAULT_EARLY_EXIT_LAYERS = 6
@@ -107,7 +107,7 @@ def _build_draft(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter
     draft = load_model(model_ref, ctx.device, ctx.dtype, show_progress=True, quantize=ctx.quantize)
     check_same_tokenizer(ctx.target.tokenizer, draft.tokenizer, model_ref)
     if ctx.quantize == "int8" and draft.quantized is None:  # CUDA or a non-float32 dtype: as before
-        quantize_int8_(draft.model)
+        quantize_drafter_int8_(draft.model)
     return _drafter(draft.model, ctx, k, vocab)
 
 
@@ -120,7 +120,7 @@ def _drafter(draft: LlamaModel, ctx: DrafterContext, k: int, vocab: int) -> Draf
     reduced = reduced_from(draft, ids).to(ctx.device, draft.dtype)
     draft.lm_head = reduced
     if ctx.quantize == "int8":
-        quantize_int8_(reduced)
+        quantize_drafter_int8_(reduced)
     return DraftModelDrafter(draft, ctx.engine, k=k, ids=reduced.ids)
 
 
@@ -136,12 +136,12 @@ def _layers_only_draft(folder: Path, ctx: DrafterContext) -> LlamaModel:
     """A draft of decoder layers only (shipped or `specdec train draft`), on the target's embedding and head.
 
     int8: only the draft's own linears are quantized. Its LM head is the target's module: already int8 when the
-    target was quantized (and then left alone), and a float head that `quantize_int8_` meets is replaced in
-    the draft only, by a copy, so the target's head and the shared embedding are never changed.
+    target was quantized (and then left alone), and a float head that `quantize_drafter_int8_` meets is replaced
+    in the draft only, by a copy, so the target's head and the shared embedding are never changed.
     """
     draft = load_draft_folder(folder, ctx.target)
     if ctx.quantize == "int8":
-        quantize_int8_(draft)
+        quantize_drafter_int8_(draft)
     return draft
 
 

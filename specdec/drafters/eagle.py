@@ -45,7 +45,7 @@ from specdec.errors import ConfigError
 from specdec.kvcache import BlockTable, PagedKVCache
 from specdec.models.dense import dense_forward
 from specdec.models.llama import LlamaModel
-from specdec.models.quant import quantize_int8_
+from specdec.models.quant import quantize_drafter_int8_
 from specdec.tree.spec import TreeSpec, dynamic
 from specdec.verifier.result import VerifyResult
 
@@ -216,9 +216,9 @@ def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDr
         reduced = reduced_from(target, draft_vocab(alias_of(ctx.target.source), vocab, target.config.vocab_size))
         reduced.to(ctx.device, ctx.dtype)
     if ctx.quantize == "int8":
-        quantize_int8_(predictor)
+        quantize_drafter_int8_(predictor)
         if reduced is not None:
-            quantize_int8_(reduced)
+            quantize_drafter_int8_(reduced)
     drafter = EagleDrafter(predictor, target, ctx.engine, name=kind, feature_layers=layers, reduced=reduced)
     drafter.set_sampling(sampling)
     return drafter

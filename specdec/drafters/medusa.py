@@ -31,7 +31,7 @@ from specdec.drafters.heads.reduced_vocab import draft_vocab, reduced_from
 from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
-from specdec.models.quant import quantize_int8_
+from specdec.models.quant import quantize_drafter_int8_
 from specdec.tree.growth import per_depth_trees
 from specdec.tree.spec import TreeSpec, parse_tree_spec
 from specdec.tree.token_tree import TokenTree
@@ -116,6 +116,6 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> MedusaDrafter:
     else:
         reduced = reduced_from(target, ids).to(ctx.device, heads.weight.dtype)
         if ctx.quantize == "int8":
-            quantize_int8_(reduced)
+            quantize_drafter_int8_(reduced)
         heads._shared[0] = reduced
     return MedusaDrafter(heads, ids)
