@@ -1,4 +1,4 @@
-"""`suffix[:k=3,depth=24,factor=1,offset=0,min_prob=0.1,global=1,global_nodes=200000,corpus=,corpus_depth=12,
+"""`suffix[:k=,depth=24,factor=1,offset=0,min_prob=0.1,global=1,global_nodes=200000,corpus=,corpus_depth=12,
 corpus_tokens=2000000,nodes=0]`: suffix decoding (Oliaro et al., NeurIPS 2025; ArcticInference; in vLLM and SGLang).
 
 Two counted suffix tries (`suffix_index.py`): one per request over its prompt and the output so far, and one
@@ -7,8 +7,8 @@ Each step, the context's longest suffixes are matched in both and a tree is grow
 frequency-weighted expansion; its size adapts to the match (`factor * match_len + offset` nodes, within the
 tree spec's budget) and nodes below `min_prob` are dropped. The better-scoring of the two trees is proposed
 (the score is the expected number of accepted tokens under the trie's counts). No model call: the drafting
-cost is a few hundred dictionary steps. The default tree is a chain of `k` = 3 tokens; `--tree dynamic:...`
-grows branching trees instead.
+cost is a few hundred dictionary steps. The default tree is a dynamic tree of 8 nodes (`DEFAULT_TREE`);
+option `k=N` makes it a chain of N tokens, and `--tree` any other shape.
 
 `corpus=<folder>` (or `corpus=default`, where `specdec data build` writes for this target) adds a third,
 read-only index over a corpus of the target's own answers (`suffix_corpus.py`: a suffix array matching up to
@@ -32,14 +32,15 @@ from specdec.drafters.suffix_array import CorpusSuffixArray
 from specdec.drafters.suffix_corpus import corpus_folder, load_corpus_index
 from specdec.drafters.suffix_index import GlobalSuffixIndex, SuffixDraft, SuffixTrie
 from specdec.engine.sequence import Sequence
-from specdec.tree.spec import TreeKind, TreeSpec, chain
+from specdec.tree.spec import TreeKind, TreeSpec, chain, parse_tree_spec
 from specdec.tree.token_tree import TokenTree
 
 LOCAL = 0  # the request's own sequence id inside its trie
-# The default tree: a chain of 3 (option k). On a CPU every verified row costs (issue 14), and a chain of 3 beat
-# the 8-node dynamic tree on the dev split's worst category (1.11x vs 1.06x, equal overall at 1.27x); on the
-# test split it gave 1.33x against 1.18x (`specdec bench --split test --max-new-tokens 128`, README).
-DEFAULT_CHAIN = 3
+# The default tree: a dynamic tree of 8 nodes up to 8 deep (option k=N asks for a chain of N instead). While a
+# verified row cost 10-15% of a step (AVX2 linears), a chain of 3 won; with AVX-512 VNNI a tree of 8 rows costs
+# about 1.3x one row, and the tree beats the chain on the dev split (bench/results/suite_dev_suffix_tree, README)
+# and on the test split (1.40x against 1.33x, bench/results/suite).
+DEFAULT_TREE = "dynamic:depth=8,topk=4,budget=8"
 
 
 @dataclass
@@ -53,16 +54,16 @@ class SuffixDrafter(DrafterBase):
     name = "suffix"
 
     def __init__(self, depth: int = 24, factor: float = 1.0, offset: float = 0.0, min_prob: float = 0.1,
-                 use_global: bool = True, global_nodes: int = 200_000, default_chain: int = DEFAULT_CHAIN,
+                 use_global: bool = True, global_nodes: int = 200_000, default_chain: int | None = None,
                  corpus: CorpusSuffixArray | None = None) -> None:
         self.depth = depth
         self.corpus = corpus
         self.factor, self.offset, self.min_prob = factor, offset, min_prob
         self.index = GlobalSuffixIndex(depth, global_nodes) if use_global else None
-        self.default_chain = default_chain
+        self.default_chain = default_chain  # None: DEFAULT_TREE
 
     def default_tree(self) -> TreeSpec:
-        return chain(self.default_chain)
+        return chain(self.default_chain) if self.default_chain else parse_tree_spec(DEFAULT_TREE)
 
     # ------------------------------------------------------------------------------------------- state
     def _state(self, seq: Sequence) -> SuffixState:
@@ -135,7 +136,7 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> SuffixDrafter:
         min_prob=float_arg(args, "min_prob", 0.1, 0.0, 1.0),
         use_global=bool(int_arg(args, "global", 1, minimum=0)),
         global_nodes=int_arg(args, "global_nodes", 200_000, minimum=64),
-        default_chain=int_arg(args, "k", DEFAULT_CHAIN),
+        default_chain=int_arg(args, "k", 0) or None,
     )
     corpus = args.pop("corpus", None)
     corpus_depth = int_arg(args, "corpus_depth", 12, minimum=2)
