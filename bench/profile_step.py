@@ -167,14 +167,21 @@ def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, timer: StepTime
 
 
 @contextmanager
-def compiled_kernels(on: bool) -> Iterator[None]:
-    """Off: the torch reference path (plain forward, reference attention, float64 K/V for int8): the engine
-    as it was before the compiled kernels, in this same process."""
+def compiled_kernels(mode: str) -> Iterator[None]:
+    """on: the compiled kernels on this CPU's best instruction set; avx2: the same kernels held to their AVX2
+    paths (the same bits, at the speed of a CPU without AVX-512); off: the torch reference path (plain forward,
+    reference attention, float64 K/V for int8), the engine as it was before the compiled kernels. All three in
+    this same process."""
     old = os.environ.get("SPECDEC_CPU_KERNELS")
-    os.environ["SPECDEC_CPU_KERNELS"] = "1" if on else "0"
+    os.environ["SPECDEC_CPU_KERNELS"] = "0" if mode == "off" else "1"
+    isa = cpu_kernels.isa() if mode != "off" and cpu_kernels.available() else None
+    if isa is not None:
+        cpu_kernels.isa("avx2" if mode == "avx2" else "avx512")
     try:
         yield
     finally:
+        if isa is not None:
+            cpu_kernels.isa("avx512" if isa == "avx512" else "avx2")
         if old is None:
             del os.environ["SPECDEC_CPU_KERNELS"]
         else:
@@ -211,8 +218,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--precision", default="int8,fp32", help=f"comma list of {', '.join(PRECISIONS)}")
-    parser.add_argument("--kernels", default="on", help="comma list of on (compiled CPU kernels), off (the torch "
-                        "reference path, as before them): 'on,off' measures both in one process")
+    parser.add_argument("--kernels", default="on", help="comma list of on (compiled CPU kernels, best instruction "
+                        "set), avx2 (the same kernels held to AVX2), off (the torch reference path, as before them): "
+                        "'on,avx2,off' measures all three in one process")
     parser.add_argument("--batch", default="1", help="comma list of batch sizes")
     parser.add_argument("--tree", action="append", help="tree spec (repeatable); 'none' = plain decode. "
                         "Default: none and dynamic:depth=4,topk=2,budget=7 (8 nodes with the root)")
@@ -231,7 +239,7 @@ def main() -> None:
         for p in args.precision.split(","):
             if k == "off" and p in ("int4", "int8-fbgemm"):
                 continue  # both need the compiled kernels; without them int8 is fbgemm already
-            with compiled_kernels(k == "on"):
+            with compiled_kernels(k):
                 llms[p, k] = build(args.target, p)
             gc.collect()
     configs = [(p, int(b), t, int(c), k) for p, k in llms for b in args.batch.split(",") for t in trees
@@ -245,13 +253,13 @@ def main() -> None:
 
     for config in configs:  # warm up every configuration once
         precision, batch, tree, context, k = config
-        with compiled_kernels(k == "on"):
+        with compiled_kernels(k):
             llm = use(precision, tree, k)
             decode_steps(llm, context_prompts(llm, batch, context), 4, None)
     for _ in range(args.rounds):
         for config in configs:
             precision, batch, tree, context, k = config
-            with compiled_kernels(k == "on"):
+            with compiled_kernels(k):
                 llm = use(precision, tree, k)
                 prompts = context_prompts(llm, batch, context)
                 plain_s, _ = decode_steps(llm, prompts, args.steps, None)
@@ -292,7 +300,7 @@ def main() -> None:
     print(f"wrote {args.out}")
     if args.ops:
         for precision, batch, tree, context, k in configs:
-            with compiled_kernels(k == "on"):
+            with compiled_kernels(k):
                 llm = use(precision, tree, k)
                 print(f"\n== {precision} batch {batch} tree {tree} context {context} kernels {k}")
                 print_ops(llm, context_prompts(llm, batch, context), args.steps, 25)
