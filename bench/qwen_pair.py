@@ -42,10 +42,14 @@ CONFIGS = [  # (label, drafter, tree); every draft configuration shares the firs
     ("draft:0.5b chain k=2", "draft", "chain:k=2"),
     ("draft:0.5b chain k=3", "draft", "chain:k=3"),
     ("draft:0.5b chain k=4", "draft", "chain:k=4"),
+    ("draft:0.5b chain k=5", "draft", "chain:k=5"),
+    ("draft:0.5b chain k=6", "draft", "chain:k=6"),
     ("draft:0.5b tree", "draft", "dynamic:depth=4,topk=2,budget=8"),
     ("draft:0.5b default tree", "draft", None),  # what `--drafter draft` gives
     ("draft:0.5b vocab=16384 chain k=2", "draft:vocab=16384", "chain:k=2"),  # reduced heads: a draft model each
     ("draft:0.5b vocab=32768 chain k=2", "draft:vocab=32768", "chain:k=2"),
+    ("draft:0.5b vocab=16384 chain k=4", "draft:vocab=16384", "chain:k=4"),
+    ("draft:0.5b vocab=32768 chain k=4", "draft:vocab=32768", "chain:k=4"),
     ("ngram", "ngram", "chain:k=5"),
     ("recycle", "recycle", "chain:k=4"),
     ("suffix", "suffix", "chain:k=6"),

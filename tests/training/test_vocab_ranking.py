@@ -35,3 +35,19 @@ def test_a_missing_sharegpt_file_is_one_clear_error(tmp_path):
     result = run_cli("data", "vocab", "--target", "smollm2-135m", "--from-prompts", "--sharegpt",
                      str(tmp_path / "nowhere.json"), "--out", str(tmp_path / "r.safetensors"))
     assert_user_error(result, "does not exist")
+
+
+def test_then_prompts_orders_the_tokens_the_answers_tie_on_by_prompt_frequency():
+    import torch
+
+    from specdec.drafters.heads.reduced_vocab import ranking_with_tiebreak
+
+    counts = torch.tensor([3, 0, 3, 0, 1])  # answers: ids 0 and 2 tie, ids 1 and 3 never appear
+    prompts = torch.tensor([0, 5, 1, 2, 9])
+    assert ranking_with_tiebreak(counts, prompts).tolist() == [2, 0, 4, 1, 3]
+
+
+def test_from_prompts_and_then_prompts_together_are_one_clear_error(tmp_path):
+    result = run_cli("data", "vocab", "--target", "smollm2-135m", "--from-prompts", "--then-prompts",
+                     "--out", str(tmp_path / "r.safetensors"))
+    assert_user_error(result, "--then-prompts ranks the answers first")

@@ -86,11 +86,22 @@ def ranking_of(counts: Tensor) -> Tensor:
     return order.to(torch.int32)
 
 
-def write_ranking(counts: Tensor, path: Path) -> None:
+def ranking_with_tiebreak(counts: Tensor, tiebreak: Tensor) -> Tensor:
+    """Every id by `counts`, most frequent first; ids of equal count (the many an answer corpus never uses) by
+    `tiebreak` (say, their frequency in the prompts' text), then by id."""
+    key = counts.to(torch.float64) * (float(tiebreak.max()) + 1.0) + tiebreak.to(torch.float64)
+    order = torch.argsort(-key, stable=True)
+    return order.to(torch.int32)
+
+
+def write_ranking(counts: Tensor, path: Path, ranking: Tensor | None = None) -> None:
+    """Save `ranking` (default: `ranking_of(counts)`) with the `counts` it came from."""
     from safetensors.torch import save_file
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file({"ranking": ranking_of(counts).contiguous(), "counts": counts.to(torch.int64).contiguous()}, str(path))
+    ranking = ranking_of(counts) if ranking is None else ranking
+    save_file({"ranking": ranking.to(torch.int32).contiguous(), "counts": counts.to(torch.int64).contiguous()},
+              str(path))
 
 
 def read_ranking(path: Path, vocab_size: int) -> Tensor:
