@@ -112,8 +112,8 @@ class RecycleDrafter(DrafterBase):
             accepted = result.accepted_nodes
             on_path = set(accepted)
             index = np.array([i for i in range(len(tree)) if i not in on_path] + accepted, dtype=np.int64)
-            node_tokens = tree.tokens.numpy()
-            before = np.concatenate([[_before_last(seq)], node_tokens[tree.parents[1:].numpy()]])
+            node_tokens = tree.tokens.cpu().numpy()
+            before = np.concatenate([[_before_last(seq)], node_tokens[tree.parents[1:].cpu().numpy()]])
             # Each row's top-k straight from the verify pass's logits, then put in order (k numbers a row: the
             # rows of logits themselves, 200 KB each, are never gathered).
             top_probs, top_ids = self.matrix.top(row_logits)

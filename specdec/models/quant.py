@@ -89,8 +89,8 @@ from specdec.errors import ConfigError
 if TYPE_CHECKING:
     from specdec.models.llama import LlamaModel
 
-__all__ = ["Int8DynamicLinear", "finish_int8_serving", "int8_serving_policy", "quantize_drafter_int8_", "quantize_int8_",
-           "quantize_model_int8_", "quantize_weight_per_channel"]
+__all__ = ["Int8DynamicLinear", "finish_int8_serving", "int8_serving_policy", "quantize_drafter_int8_",
+           "quantize_int8_", "quantize_model_int8_", "quantize_weight_per_channel"]
 
 # Rows whose max |x| is below this are scaled as if it were this (an all-zero row stays zero, no 0/0).
 _MIN_ROW_SCALE = 1e-30

@@ -227,8 +227,8 @@ void attend_rows(const float* qp, float* op, int64_t r0, int64_t r1, int64_t q_h
       for (int64_t j = 0; j < m; j += kLanes) {
         for (int64_t g = 0; g < count; ++g) outs[g] = s.scores.data() + (r * group + g0 + g) * padded + p + j;
         by_block(count, [&](auto block) {
-          scores8<decltype(block)::value>(qs, k_base, s.visible.data() + r * n_new + j, std::min<int64_t>(kLanes, m - j),
-                                          d, scale, outs);
+          scores8<decltype(block)::value>(qs, k_base, s.visible.data() + r * n_new + j,
+                                          std::min<int64_t>(kLanes, m - j), d, scale, outs);
         });
       }
     }

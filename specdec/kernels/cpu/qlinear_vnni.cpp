@@ -38,7 +38,7 @@ constexpr int64_t kGroup = 32;
 constexpr int kTile = 4;
 // Tiles ahead to prefetch. The VNNI loop runs so fast per byte that two tiles (AVX2's distance, 4.6 KB at
 // K = 576) left 3-7-row blocks waiting on memory: 4 rows of SmolLM2's linears cost more than 8. Six measured
-// best of 0, 2, 4, 6, 8 and 16 (bench: 1, 4 and 8 rows, interleaved).
+// best of 0, 2, 4, 6, 8 and 16 (bench/int8_rows.py at 1, 4 and 8 rows, rebuilt for each distance).
 constexpr int kAhead = 6;
 
 // acc += the four-product sums of a (unsigned bytes) and b (signed bytes), lane by lane. Inline assembly, not
@@ -59,7 +59,8 @@ inline __m128i sum_channels(__m512i a01, __m512i a23, int32_t qsum) {
   const __m512i x = _mm512_add_epi32(_mm512_shuffle_i32x4(a01, a23, 0x88), _mm512_shuffle_i32x4(a01, a23, 0xDD));
   __m512i t = _mm512_add_epi32(x, _mm512_shuffle_epi32(x, static_cast<_MM_PERM_ENUM>(0x4E)));
   t = _mm512_add_epi32(t, _mm512_shuffle_epi32(t, static_cast<_MM_PERM_ENUM>(0xB1)));  // each quarter: its total
-  const __m128i totals = _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), t));
+  const __m512i firsts = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m128i totals = _mm512_castsi512_si128(_mm512_permutexvar_epi32(firsts, t));
   return _mm_sub_epi32(totals, _mm_set1_epi32(128 * qsum));
 }
 
