@@ -38,7 +38,9 @@ from specdec.verifier.result import VerifyResult
 DEFAULT_TREE = "chain:k=2"
 # The matrix is seeded from the logits at the prompt's last `seed` positions. Every seeded row is an LM-head row
 # (0.6 ms on the default model): seeding a whole 300-token prompt costs 8 plain steps, and 12 such prompts at
-# once cost recycle a fifth of its throughput at batch 12 (0.78x of plain decode).
+# once cost recycle a fifth of its throughput at batch 12 (0.78x of plain decode). The engine computes them at
+# the sequence's first draft, not at its prefill (`specdec/engine/prompt_seeds.py`): never, under a load where
+# the planner does not speculate.
 DEFAULT_SEED_ROWS = 64
 DEFAULT_PAIR_BITS = 16  # 65536 pair rows: 4.7 MiB beside the 3 MiB of single rows at k = 8
 

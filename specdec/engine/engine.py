@@ -24,6 +24,7 @@ from specdec.drafters.base import Drafter
 from specdec.engine.health import check_finite_logits
 from specdec.engine.node_planning import NodePlannedDrafting
 from specdec.engine.planner import SpeculationPlanner
+from specdec.engine.prompt_seeds import PromptSeeds
 from specdec.engine.runner import Chunk, ChunkOutput, ModelRunner, Rows
 from specdec.engine.scheduler import ScheduledBatch, Scheduler, prefill_target
 from specdec.engine.sequence import Sequence, Status
@@ -63,6 +64,7 @@ class Engine:
         self.runner = ModelRunner.create(model, config.num_blocks, config.block_size,
                                          prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.runner.cache)
+        self.seeds = PromptSeeds(drafter, model.lm_head)
         self.max_len = model.config.max_position
         self.vocab_size = model.config.vocab_size
         eos = set(model.config.eos_token_ids)
@@ -157,6 +159,7 @@ class Engine:
         batch = self.scheduler.schedule(self.tree.max_nodes)
         if batch.preempted:
             self.drafter.release(batch.preempted)
+            self.seeds.forget(batch.preempted)
         if not batch.empty:
             return batch
         if batch.preempted or not self.scheduler.running:
@@ -169,6 +172,7 @@ class Engine:
         if not seqs:
             return []
         if self.planner is None:
+            self.seeds.hand_over(seqs)
             trees = self.drafter.propose(seqs, self.tree)
         else:
             trees = self._planned_trees(seqs, sum(n for _, n in batch.prefills))
@@ -176,6 +180,7 @@ class Engine:
 
     def _planned_trees(self, seqs: list[Sequence], prefill_tokens: int) -> list[TokenTree]:
         if self.nodes is not None:
+            self.seeds.hand_over(seqs)
             return self.nodes.trees(seqs, prefill_tokens)
         depths = self.planner.plan(seqs, self.tree, prefill_tokens)
         drafting = [seq for seq, d in zip(seqs, depths) if d > 0]
@@ -186,6 +191,7 @@ class Engine:
             # suffix trie's indexing): a once-per-request cost, not a price per depth. Priced in, it made a
             # 0.5B draft look 4x dearer than it is, and the plan went without speculation for EXPLORE_AFTER steps.
             first = any(not seq.metrics.proposed_by_depth for seq in drafting)
+            self.seeds.hand_over(drafting)  # also once a request: before the clock, like the first proposal
             start = time.perf_counter()
             proposed = self.drafter.propose(drafting, self.tree.limited(deepest))
             if not first:
@@ -200,30 +206,37 @@ class Engine:
         chunks += [Chunk(seq.table, tree.token_list, tree.positions(seq.table.length).tolist(),
                          None if tree.is_chain else tree.ancestor_mask, Rows.ALL)
                    for seq, tree in zip(batch.decodes, trees)]
-        outs = self.runner.run(chunks, return_hidden=self.drafter.needs_features,
+        hidden = self.drafter.needs_features or self.seeds.needs_hidden(bool(batch.prefills))
+        outs = self.runner.run(chunks, return_hidden=hidden,
                                capture_layers=self.drafter.feature_layers)
         check_finite_logits(outs)  # NaN/Inf logits stop the step with a clear error, not token 0
         return outs[: len(batch.prefills)], outs[len(batch.prefills):]
 
     def _prefill_chunk(self, seq: Sequence, n: int) -> Chunk:
-        """A prefill chunk's rows of logits: the last one where the prompt ends (its first token), and those the
-        drafter reads among the prompt's last `prefill_logit_rows` positions (Token Recycling seeds its matrix
-        from them; each row is an LM-head row, so a drafter asks only for the rows it will use)."""
+        """A prefill chunk's rows of logits: the last one where the prompt ends (its first token), and, unless
+        `PromptSeeds` defers them to the first draft, those the drafter reads among the prompt's last
+        `prefill_logit_rows` positions (each is an LM-head row: a drafter asks only for the rows it will use)."""
         start = seq.num_computed
         end = start + n
-        target = prefill_target(seq)
-        seeded = max(0, end - max(start, target - self.drafter.prefill_logit_rows))
-        tail = max(seeded, 1 if end == target and not seq.output_ids else 0)
+        seeded = 0 if self.seeds.deferred else self._seeded_rows(seq, start, end)
+        tail = max(seeded, 1 if end == prefill_target(seq) and not seq.output_ids else 0)
         return Chunk(seq.table, seq.token_ids[start:end], list(range(start, end)), None,
                      Rows.LAST if tail else Rows.NONE, tail=tail)
+
+    def _seeded_rows(self, seq: Sequence, start: int, end: int) -> int:
+        """How many of positions start .. end - 1 lie in the prompt's last `prefill_logit_rows` (seed rows)."""
+        return max(0, end - max(start, prefill_target(seq) - self.drafter.prefill_logit_rows))
 
     def _finish_prefills(self, batch: ScheduledBatch, outs: list[ChunkOutput]) -> list[Sequence]:
         """Hand prefill features to the drafter; a sequence whose prompt is done draws its first token."""
         touched = []
         for (seq, n), out in zip(batch.prefills, outs):
             self.drafter.observe_prefill(seq, out.prefix_len, out.hidden)
-            rows = 0 if out.logits is None else int(out.logits.shape[0])
-            if self.drafter.prefill_logit_rows and rows:  # the chunk's last `rows` positions
+            if self.seeds.deferred:  # the chunk's seed rows: hidden states now, logits at the first draft
+                rows = self._seeded_rows(seq, out.prefix_len, out.prefix_len + n)
+                self.seeds.keep(seq, out.prefix_len + n - rows, out.hidden[n - rows:])
+            elif self.drafter.prefill_logit_rows and out.logits is not None:  # the chunk's last rows
+                rows = int(out.logits.shape[0])
                 self.drafter.observe_prefill_logits(seq, out.prefix_len + n - rows, out.logits)
             self.scheduler.prefilled(seq)
             if seq.num_computed == prefill_target(seq) and not seq.output_ids:
@@ -269,7 +282,9 @@ class Engine:
         if not seqs:
             return
         start = time.perf_counter()
-        if self.drafter.observes_verification:  # Token Recycling reuses every node's logits; hybrids calibrate
+        # Token Recycling reuses every node's logits, hybrids calibrate; not while speculation is off for all.
+        idle = self.planner is not None and self.planner.idle and all(len(tree) == 1 for tree in trees)
+        if self.drafter.observes_verification and not idle:
             self.drafter.observe_verified(seqs, trees, [out.logits for out in outs], results)
         self.drafter.commit(seqs, results)
         timing.drafter_after = time.perf_counter() - start
@@ -332,6 +347,7 @@ class Engine:
         self.stops.finish(seq.text, seq.output_ids)
         self.scheduler.remove(seq)
         self.drafter.release([seq])
+        self.seeds.forget([seq])
         self._rules.pop(seq.seq_id, None)
         self.sequences.pop(seq.seq_id, None)  # the caller holds it; a long-lived engine must not keep every request
 

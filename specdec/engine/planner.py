@@ -53,6 +53,10 @@ EXPLORE_AFTER = 16
 # steps and skipped the next burst (suffix fell from 1.31x to 1.17x at batch 1 with a decay of 1/4).
 NODE_GAIN_DECAY = 1 / 32
 NODE_GAIN_EVIDENCE = 8  # drafted steps at a batch size before drafting there may be skipped
+# Plans in a row without speculation after which the planner counts as idle, and the engine stops paying for
+# what only speculation uses (`SpeculationPlanner.idle`). A few, so that one unlikely step at batch 1 changes
+# nothing, while a server at saturation, where the plan is empty step after step, stops at once.
+IDLE_AFTER = 4
 
 
 def is_pinned(seq: Sequence) -> bool:
@@ -125,6 +129,14 @@ class SpeculationPlanner:
         self.calibration = AcceptanceCalibration(optimism=1.0)
         self._node_gain: dict[int, list[float]] = {}  # node planning, per batch-size bucket: gain statistics
         self._skipped = 0  # node planning: steps in a row that skipped drafting
+
+    @property
+    def idle(self) -> bool:
+        """Has speculation been off for the last `IDLE_AFTER` plans (depth planning) or drafting skipped as
+        long (node planning)? The engine then seeds no prompt rows into the drafter and skips the drafter's
+        reading of verified logits on steps that verified no drafted node: work for drafts nobody is making.
+        Exploration steps (`EXPLORE_AFTER`) end the idle spell."""
+        return self._idle_plans >= IDLE_AFTER or self._skipped >= IDLE_AFTER
 
     # ----------------------------------------------------------------------------------------- observations
     def observe_forward(self, tokens: int, seconds: float, prefill_tokens: int = 0) -> None:

@@ -96,6 +96,8 @@ def test_prefill_seeds_each_prompt_tokens_row_with_the_logits_at_its_position(mo
     engine.add_request(prompt, SamplingParams(max_new_tokens=4, ignore_eos=True))
     while not any(s.output_ids for s in engine.sequences.values()):
         engine.step()
+    assert (drafter.matrix.table < 0).all()  # the seed rows wait for the first draft (PromptSeeds) ...
+    engine.step()  # ... which comes with the first decode step
     for i, token in enumerate(prompt):
         want = torch.sort(dense_next_logits(model, prompt[: i + 1]), descending=True, stable=True).indices[:4]
         np.testing.assert_array_equal(drafter.matrix.table[token], want.numpy())
@@ -111,14 +113,53 @@ def test_prefill_seeds_each_prompt_tokens_row_with_the_logits_at_its_position(mo
 
 def test_seeding_reads_only_the_prompts_last_rows(model):
     """`seed=3`: the LM head runs for the prompt's last three positions only, across chunk boundaries."""
-    drafter = RecycleDrafter(VOCAB, k=4, seed=3)
+
+    class SeedRecording(RecycleDrafter):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self.seeded: list[int] = []  # prompt positions whose logits came to the drafter
+
+        def observe_prefill_logits(self, seq, start, logits) -> None:
+            self.seeded.extend(range(start, start + logits.shape[0]))
+            super().observe_prefill_logits(seq, start, logits)
+
+    drafter = SeedRecording(VOCAB, k=4, seed=3)
     engine = tiny_engine(model, drafter, chain(3), prefill_chunk=4)  # positions 7 | 8 9 lie in two chunks
     prompt = [5, 1, 7, 2, 9, 3, 8, 6, 4, 10]
-    engine.add_request(prompt, SamplingParams(max_new_tokens=1, ignore_eos=True))
+    engine.add_request(prompt, SamplingParams(max_new_tokens=2, ignore_eos=True))
     run_all(engine)
-    for i, token in enumerate(prompt):
-        if i >= len(prompt) - 3:
-            want = torch.sort(dense_next_logits(model, prompt[: i + 1]), descending=True, stable=True).indices[:4]
-            np.testing.assert_array_equal(drafter.matrix.table[token], want.numpy())
-        else:
-            assert (drafter.matrix.table[token] < 0).all(), f"position {i} was seeded"
+    assert sorted(drafter.seeded) == [7, 8, 9]
+    for i in (7, 8, 9):
+        want = torch.sort(dense_next_logits(model, prompt[: i + 1]), descending=True, stable=True).indices[:4]
+        np.testing.assert_array_equal(drafter.matrix.table[prompt[i]], want.numpy())
+
+
+def test_an_idle_planner_seeds_no_prompt_rows_and_reads_no_verified_logits(model):
+    """While the planner keeps speculation off (a server at saturation), the engine does not pay for what only
+    speculation uses: the prompt's seed rows (LM-head rows) and the top-k of every verified row."""
+    from specdec.config import EngineConfig
+    from specdec.engine.engine import Engine
+    from specdec.engine.planner import IDLE_AFTER, SpeculationPlanner
+    from tests.engine.test_planner import seq as planned_seq
+    from tests.helpers import NoTokenizer
+
+    class DearRows(SpeculationPlanner):
+        """Keeps the prices it was given (the tiny model's real steps would make rows look cheap)."""
+
+        def observe_forward(self, tokens: int, seconds: float, prefill_tokens: int = 0) -> None:
+            pass
+
+    planner = DearRows()
+    for n in (1, 2, 4, 8, 16, 64):
+        SpeculationPlanner.observe_forward(planner, n, 0.02 * n - 0.01)  # each extra row dearer than a step
+    for _ in range(IDLE_AFTER):
+        planner.plan([planned_seq(0, [3, 1, 0], [10] * 3)], chain(3))
+    assert planner.idle
+    drafter = Recording(VOCAB, k=4)
+    engine = Engine(model, NoTokenizer(), EngineConfig(adaptive_speculation=True), drafter, chain(3), planner=planner)
+    prompt = [5, 1, 7, 2, 9, 3, 8, 6, 4, 10]
+    engine.add_request(prompt, SamplingParams(max_new_tokens=6, ignore_eos=True))
+    run_all(engine)
+    assert (drafter.matrix.table < 0).all()  # never drafted for: never seeded (PromptSeeds)
+    assert drafter.steps == []
+    assert len(engine.seeds) == 0  # the finished sequence's kept rows are gone

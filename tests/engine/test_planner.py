@@ -191,3 +191,20 @@ def test_a_sequences_first_draft_is_not_priced_as_a_drafting_step():
     run_all(engine)
     cost = engine.planner.draft_cost
     assert cost.known and cost.predict(1) < 0.1, cost.predict(1)
+
+
+def test_the_planner_is_idle_only_after_a_run_of_plans_without_speculation():
+    from specdec.engine.planner import EXPLORE_AFTER, IDLE_AFTER
+
+    p = planner(cost_per_token=0.01, fixed=0.005)  # extra rows never worth it
+    seqs = [seq(i, [3 + i, 1, 0], [10] * 3) for i in range(4)]
+    idle = []
+    for _ in range(EXPLORE_AFTER + 2):
+        p.plan(seqs, chain(3))
+        idle.append(p.idle)
+    # idle from the IDLE_AFTER-th empty plan on; the exploring plan (index EXPLORE_AFTER) ends the spell
+    assert idle == [False] * (IDLE_AFTER - 1) + [True] * (EXPLORE_AFTER - IDLE_AFTER + 1) + [False, False]
+    cheap = planner(cost_per_token=0.0001)
+    for _ in range(2 * IDLE_AFTER):
+        cheap.plan(seqs, chain(3))
+    assert not cheap.idle
