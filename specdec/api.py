@@ -211,6 +211,7 @@ class LLM:
                     index[seq.seq_id], sample[seq.seq_id] = i, k
             sent_tokens = {seq.seq_id: 0 for seq in seqs}
             sent_chars = {seq.seq_id: 0 for seq in seqs}
+            engine.arrivals_closed = True  # every request is in: the planner may plan for the batch's end
             while engine.has_unfinished():
                 for seq in engine.step():
                     first = sent_tokens[seq.seq_id]
@@ -225,6 +226,7 @@ class LLM:
                     yield StreamDelta(index[seq.seq_id], delta_text, new_ids, len(new_ids), seq.is_finished, output,
                                       sources, sample[seq.seq_id])
         finally:
+            engine.arrivals_closed = False
             for seq in seqs:  # an abandoned stream must not leave requests holding KV blocks
                 if not seq.is_finished:
                     engine.abort(seq.seq_id)

@@ -65,6 +65,9 @@ class Engine:
                                          prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.runner.cache)
         self.seeds = PromptSeeds(drafter, model.lm_head)
+        # True while no request can arrive (LLM.generate after adding its batch; never in the server): once
+        # none waits for a slot either, the planner plans for the end of the batch (`SpeculationPlanner._plan_closed`).
+        self.arrivals_closed = False
         self.max_len = model.config.max_position
         self.vocab_size = model.config.vocab_size
         eos = set(model.config.eos_token_ids)
@@ -182,7 +185,13 @@ class Engine:
         if self.nodes is not None:
             self.seeds.hand_over(seqs)
             return self.nodes.trees(seqs, prefill_tokens)
-        depths = self.planner.plan(seqs, self.tree, prefill_tokens)
+        # Closed: no request can arrive, and every waiting one will get a slot (it waits for prefill budget, not
+        # for a sequence to finish), so finishing early frees nothing anyone uses.
+        waiting = self.scheduler.waiting
+        closed = self.arrivals_closed and len(self.scheduler.running) + len(waiting) <= self.config.max_num_seqs
+        starting = list(waiting) + [s for s in self.scheduler.running if s.num_computed < prefill_target(s)]
+        waiting_left = max((s.params.max_new_tokens - len(s.output_ids) for s in starting), default=0)
+        depths = self.planner.plan(seqs, self.tree, prefill_tokens, closed=closed, waiting_left=waiting_left)
         drafting = [seq for seq, d in zip(seqs, depths) if d > 0]
         trees: dict[int, TokenTree] = {}
         if drafting:

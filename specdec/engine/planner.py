@@ -18,6 +18,10 @@ over the per-sequence depths k_i, from three things it measures as the engine ru
 * the drafter's seconds per drafted depth, as a function of how many sequences draft (a batched draft
   forward grows with its batch, so drafting for 64 sequences is priced as such).
 
+A *closed* batch is different (`LLM.generate` once every request has a slot: none can arrive, none waits).
+It lasts as long as its longest sequence, so a token accepted for any other saves nothing but that
+sequence's own later row; there the plan is for the batch's end instead (`_plan_closed`).
+
 The search is greedy: start from plain decode, add one depth at a time to the sequence whose next depth wins
 the most tokens per node, and keep the best prefix of those moves. With every `beta` non-increasing in depth
 this is the exact optimum for chains; for trees it uses the tree shape's node counts per depth.
@@ -37,6 +41,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
+from typing import Callable
 
 from specdec.drafters.calibration import AcceptanceCalibration
 from specdec.engine.sequence import Sequence
@@ -97,6 +102,10 @@ class StepCost:
     @property
     def known(self) -> bool:
         return bool(self._buckets)
+
+    def measured_up_to(self) -> float:
+        """The most tokens of any measured step (0 if none): predictions above it are extrapolations."""
+        return max((x for x, _ in self._buckets.values()), default=0.0)
 
     def predict(self, tokens: float) -> float:
         if self._points is None:
@@ -183,13 +192,16 @@ class SpeculationPlanner:
         return betas
 
     # ------------------------------------------------------------------------------------------------ plan
-    def plan(self, seqs: list[Sequence], spec: TreeSpec, prefill_tokens: int = 0) -> list[int]:
-        """Tree depth per sequence (0 = no speculation) for the best expected goodput this step."""
+    def plan(self, seqs: list[Sequence], spec: TreeSpec, prefill_tokens: int = 0, closed: bool = False,
+             waiting_left: int = 0) -> list[int]:
+        """Tree depth per sequence (0 = no speculation) for the best expected goodput this step, or, when the
+        batch is `closed` (no request can arrive or waits for a slot), for the fastest end of the batch;
+        `waiting_left` is then the most tokens a sequence not yet running has to go."""
         if not seqs or spec.depth == 0:
             return [0] * len(seqs)
         cost, prefill_tokens = self._decode_cost(prefill_tokens)
-        if cost is None:
-            return [spec.depth] * len(seqs)  # nothing measured yet: speculate fully once and learn
+        if cost is None:  # nothing measured yet: speculate fully once and learn (in a closed batch, on one sequence)
+            return [spec.depth] * (1 if closed else len(seqs)) + [0] * (len(seqs) - 1 if closed else 0)
         prior = self._prior(spec.depth)
         betas = [self._blend(seq, prior) for seq in seqs]
         nodes = [spec.nodes_within(d) for d in range(spec.depth + 1)]
@@ -199,6 +211,10 @@ class SpeculationPlanner:
         def draft_seconds(drafting: int, deepest: int) -> float:
             return draft.predict(drafting) * deepest if drafting and draft.known else 0.0
 
+        if closed:
+            chosen = self._plan_closed(seqs, spec, betas, nodes, cost, base_tokens, draft_seconds, waiting_left,
+                                       self.cost.measured_up_to())
+            return self._explore_if_idle(chosen, [b[0] for b in betas], [spec.depth] * len(seqs))
         pinned = [is_pinned(seq) for seq in seqs]
         depths = [spec.depth if pin else 0 for pin in pinned]
         gained = sum(sum(b) for b, pin in zip(betas, pinned) if pin)
@@ -231,6 +247,46 @@ class SpeculationPlanner:
         for i in best_moves:
             chosen[i] += 1
         return self._explore_if_idle(chosen, [b[0] for b in betas], [spec.depth] * len(seqs))
+
+    @staticmethod
+    def _plan_closed(seqs: list[Sequence], spec: TreeSpec, betas: list[list[float]], nodes: list[int],
+                     cost: StepCost, base_tokens: int, draft_seconds: Callable[[int, int], float],
+                     waiting_left: int = 0, measured: float = 0.0) -> list[int]:
+        """Depths for a closed batch: one depth for the sequences that set its end, none for the others.
+
+        With nobody waiting, a sequence that finishes early frees a slot nobody takes: the batch lasts as long
+        as its longest sequence, and a token accepted anywhere else saves only that sequence's later row, which
+        the rejected nodes beside it cost over again. (In a closed batch of 24 at 64 tokens, plain decode and
+        `suffix` both took 65 forwards, and the goodput plan's extra rows made `suffix` 0.92-0.96x.) So the
+        sequences with the most tokens left to go (within one tree's depth of the most) are critical, and
+        speculation pays only if it moves all of them: the batch gains 1 + the least any of them is expected
+        to accept a step, for the rows of all their trees. A sequence still waiting for its prefill, with as
+        many tokens to go, ends after them whatever they accept: then nobody speculates. A step may be at most
+        one full tree wider than the widest decode step `measured`: the price of wider ones is an
+        extrapolation, and a closed batch of 64 that believed the slope measured at batch 4 verified 47 trees
+        at once (and seeded 2,244 prompt rows for them). Seeded sampled requests keep their full trees."""
+        left = [seq.params.max_new_tokens - len(seq.output_ids) for seq in seqs]
+        top = max(max(left), waiting_left)
+        critical = [i for i, n in enumerate(left) if n >= top - spec.depth]
+        stuck = waiting_left >= top - spec.depth  # the batch's end waits on a sequence not yet running
+        pinned = [i for i, seq in enumerate(seqs) if is_pinned(seq)]
+        extra = nodes[spec.depth] * len(pinned)
+
+        def rate(d: int) -> float:
+            moved = [i for i in critical if i not in pinned] if d else []
+            gained = min((sum(betas[i][:d]) for i in critical), default=0.0) if d and not stuck else 0.0
+            drafting, deepest = len(moved) + len(pinned), spec.depth if pinned else d
+            rows = extra + nodes[d] * len(moved)
+            return (1.0 + gained) / max(cost.predict(base_tokens + rows) + draft_seconds(drafting, deepest), 1e-9)
+
+        allowed = [d for d in range(spec.depth + 1)
+                   if d == 0 or base_tokens + extra + nodes[d] * len(critical) <= measured + nodes[spec.depth]]
+        best = max(allowed, key=lambda d: (rate(d), -d))
+        chosen = [spec.depth if i in pinned else 0 for i in range(len(seqs))]
+        for i in critical:
+            if i not in pinned:
+                chosen[i] = best
+        return chosen
 
     def plan_nodes(self, seqs: list[Sequence], probs: list[list[float]], prefill_tokens: int = 0) -> list[int]:
         """How many nodes of each sequence's drafted tree to verify (0 = plain decode), from each node's

@@ -208,3 +208,62 @@ def test_the_planner_is_idle_only_after_a_run_of_plans_without_speculation():
     for _ in range(2 * IDLE_AFTER):
         cheap.plan(seqs, chain(3))
     assert not cheap.idle
+
+
+# ------------------------------------------------------------------------------------------ closed batches
+
+
+def left(s: Sequence, max_new_tokens: int, generated: int) -> Sequence:
+    s.params = SamplingParams(max_new_tokens=max_new_tokens)
+    s.output_ids = [7] * generated
+    return s
+
+
+def test_a_closed_batch_speculates_only_if_every_sequence_that_sets_its_end_gains():
+    p = planner(cost_per_token=0.001, fixed=0.02)  # rows cheap: the goodput plan speculates for good acceptors
+    good = [left(seq(i, [90, 80, 70], [100] * 3), 64, 0) for i in range(7)]
+    poor = left(seq(7, [0, 0, 0], [100] * 3), 64, 0)  # accepts nothing: the batch ends with it either way
+    assert any(p.plan(good + [poor], chain(3)))
+    assert p.plan(good + [poor], chain(3), closed=True) == [0] * 8
+    depths = p.plan(good, chain(3), closed=True)
+    assert depths[0] > 0 and depths == [depths[0]] * 7  # all of them gain, by one depth: the batch ends sooner
+
+
+def test_a_closed_batch_speculates_for_its_longest_sequence_alone():
+    p = planner(cost_per_token=0.001, fixed=0.02)
+    short = [left(seq(i, [90, 80, 70], [100] * 3), 64, 40) for i in range(3)]  # 24 tokens to go
+    long = left(seq(3, [90, 80, 70], [100] * 3), 64, 0)  # 64 to go: the batch lasts as long as this one
+    assert p.plan(short + [long], chain(3), closed=True) == [0, 0, 0, 3]
+    # ... unless a sequence still waiting for its prefill has as far to go: it ends last whatever runs now
+    assert p.plan(short + [long], chain(3), closed=True, waiting_left=64) == [0] * 4
+
+
+def test_a_closed_batch_plans_no_step_much_wider_than_any_it_has_measured():
+    p = SpeculationPlanner()
+    for n in (1, 2, 4, 8, 12):  # a warm-up at batch 4 or so: rows look nearly free up to here
+        p.observe_forward(n, 0.02 + 0.0005 * n)
+    seqs = [left(seq(i, [90, 80, 70], [100] * 3), 64, 0) for i in range(64)]
+    assert p.plan(seqs, chain(3), closed=True) == [0] * 64  # 64 trees' price would be a guess
+    p.observe_forward(64, 0.02 + 0.0005 * 64)
+    p.observe_forward(256, 0.02 + 0.0005 * 256)
+    assert p.plan(seqs, chain(3), closed=True) == [2] * 64  # measured that wide, and cheap: worth it
+
+
+def test_generate_plans_its_batch_as_closed_and_the_server_engine_never_does():
+    """`LLM.generate` adds every request before it steps, so its batch is closed once none waits for a slot; the
+    flag is down again afterwards, for the engine a server drives (requests arrive at any time)."""
+    from tests.server.harness import tiny_llm
+
+    llm = tiny_llm("ngram", "chain:k=3", max_num_seqs=2)
+    planner, plan = llm.engine.planner, llm.engine.planner.plan
+    closed: list[bool] = []
+
+    def recording(*args, **kwargs):
+        closed.append(kwargs["closed"])
+        return plan(*args, **kwargs)
+
+    planner.plan = recording
+    outs = llm.generate(["a b c a b c a b", "c b a c b a", "a a b b a a"], SamplingParams(max_new_tokens=6))
+    assert len(outs) == 3 and not llm.engine.arrivals_closed
+    # two slots, three requests: open while the third waits for a slot, closed once it has one
+    assert closed[0] is False and closed[-1] is True

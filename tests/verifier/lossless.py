@@ -206,7 +206,8 @@ class RandomDepthPlanner(SpeculationPlanner):
         super().__init__()
         self.rng = random.Random(seed)
 
-    def plan(self, seqs, spec: TreeSpec, prefill_tokens: int = 0) -> list[int]:
+    def plan(self, seqs, spec: TreeSpec, prefill_tokens: int = 0, closed: bool = False,
+             waiting_left: int = 0) -> list[int]:
         return [self.rng.randint(0, spec.depth) for _ in seqs]
 
 
