@@ -50,6 +50,8 @@ CONFIGS = [  # (label, drafter, tree); every draft configuration shares the firs
     ("draft:0.5b vocab=32768 chain k=2", "draft:vocab=32768", "chain:k=2"),
     ("draft:0.5b vocab=16384 chain k=4", "draft:vocab=16384", "chain:k=4"),
     ("draft:0.5b vocab=32768 chain k=4", "draft:vocab=32768", "chain:k=4"),
+    ("draft:0.5b vocab=16384 chain k=5", "draft:vocab=16384", "chain:k=5"),
+    ("draft:0.5b vocab=32768 chain k=5", "draft:vocab=32768", "chain:k=5"),
     ("ngram", "ngram", "chain:k=5"),
     ("recycle", "recycle", "chain:k=4"),
     ("suffix", "suffix", "chain:k=6"),
