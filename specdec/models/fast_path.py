@@ -20,6 +20,8 @@ plain forward serves everything else.
 
 from __future__ import annotations
 
+import operator
+
 from typing import TYPE_CHECKING
 
 import torch
@@ -80,9 +82,11 @@ def _one_call_plan(model: "LlamaModel", num_layers: int) -> object | None:
     its linears and norm weights stay the same objects: quantizing replaces them, which the check below sees.
     The check reads the module dicts directly (nn.Module attribute access would cost a millisecond a step)."""
     cached = getattr(model, "_fast_path_plan", None)
-    if cached is not None and cached[0] == num_layers and all(d.get(name) is obj for d, name, obj in cached[1]):
-        return cached[2]
-    layers = model.layers[:num_layers]
+    if cached is not None and cached[0] == num_layers:
+        dicts, names, objects = cached[1]
+        if all(map(operator.is_, map(dict.get, dicts, names), objects)):  # in C: 180 lookups, no Python frames
+            return cached[2]
+    layers = list(model.layers)[:num_layers]
     slots = []  # (dict, key, object) for every linear and norm weight the plan holds
     params: list[Tensor | None] = []
     kinds: list[int] = []
@@ -105,7 +109,7 @@ def _one_call_plan(model: "LlamaModel", num_layers: int) -> object | None:
         break
     else:
         weights = cpu_kernels.layer_weights(params, kinds)
-    object.__setattr__(model, "_fast_path_plan", (num_layers, slots, weights))
+    object.__setattr__(model, "_fast_path_plan", (num_layers, tuple(zip(*slots)) or ((), (), ()), weights))
     return weights
 
 
@@ -125,7 +129,8 @@ def forward(
     c = model.config
     rope = model.rope
     x = model.embed_tokens(input_ids)
-    layers = model.layers[: num_layers or len(model.layers)]
+    # A list, not `model.layers[:n]`: slicing a ModuleList builds a new one (30 add_module calls a step).
+    layers = list(model.layers)[: num_layers or len(model.layers)]
     weights = None if capture_layers else _one_call_plan(model, len(layers))
     if weights is not None:  # every layer in one C++ call
         k_caches, v_caches = [k for k, _ in kv_caches[: len(layers)]], [v for _, v in kv_caches[: len(layers)]]
