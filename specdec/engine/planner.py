@@ -268,7 +268,7 @@ class SpeculationPlanner:
         left = [seq.params.max_new_tokens - len(seq.output_ids) for seq in seqs]
         top = max(max(left), waiting_left)
         critical = [i for i, n in enumerate(left) if n >= top - spec.depth]
-        stuck = waiting_left >= top - spec.depth  # the batch's end waits on a sequence not yet running
+        stuck = 0 < waiting_left >= top - spec.depth  # the batch's end waits on a sequence not yet running
         pinned = [i for i, seq in enumerate(seqs) if is_pinned(seq)]
         extra = nodes[spec.depth] * len(pinned)
 

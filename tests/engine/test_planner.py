@@ -267,3 +267,11 @@ def test_generate_plans_its_batch_as_closed_and_the_server_engine_never_does():
     assert len(outs) == 3 and not llm.engine.arrivals_closed
     # two slots, three requests: open while the third waits for a slot, closed once it has one
     assert closed[0] is False and closed[-1] is True
+
+
+def test_a_closed_batch_of_one_speculates_to_its_last_token():
+    """Near its end a lone sequence still sets the batch's end: nothing waiting must not read as a waiting
+    sequence with nothing to go."""
+    p = planner(cost_per_token=0.0001)
+    last = left(seq(0, [9, 8, 7, 6, 5], [10] * 5), 64, 62)  # two tokens to go
+    assert p.plan([last], chain(5), closed=True)[0] > 0
