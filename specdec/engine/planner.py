@@ -211,7 +211,7 @@ class SpeculationPlanner:
         def draft_seconds(drafting: int, deepest: int) -> float:
             return draft.predict(drafting) * deepest if drafting and draft.known else 0.0
 
-        if closed:
+        if closed and (len(seqs) > 1 or waiting_left > 0):  # one sequence alone: its goodput is the batch's end
             chosen = self._plan_closed(seqs, spec, betas, nodes, cost, base_tokens, draft_seconds, waiting_left,
                                        self.cost.measured_up_to())
             return self._explore_if_idle(chosen, [b[0] for b in betas], [spec.depth] * len(seqs))
