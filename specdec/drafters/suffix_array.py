@@ -34,6 +34,7 @@ from specdec.errors import ConfigError
 SEP = -1  # between answers (and before the first): no match or continuation crosses it
 DEFAULT_SAMPLE = 1024
 GATHER_MAX = 256  # a range up to this size is searched by one gather and np.searchsorted, larger ones by bisection
+SMALL_COUNT = 32  # continuations up to this many are counted in Python (same order as np.unique + lexsort)
 
 
 class CorpusSuffixArray:
@@ -151,14 +152,17 @@ class CorpusSuffixArray:
         total = int(after.size)
         if not total:
             return
-        values, counts = np.unique(after, return_counts=True)
-        ranked = np.lexsort((values, counts))[::-1]  # most frequent first, the larger token among equals (as the trie)
+        if total <= SMALL_COUNT:  # a long match's few occurrences: counted in Python, numpy's calls cost more
+            counted: dict[int, int] = {}
+            for token in after.tolist():
+                counted[token] = counted.get(token, 0) + 1
+            ranked = sorted(counted.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+        else:
+            values, counts = np.unique(after, return_counts=True)
+            by_count = np.lexsort((values, counts))[::-1]  # most frequent first, the larger token among equals
+            ranked = list(zip(values[by_count].tolist(), counts[by_count].tolist()))
         need = min_prob * total / prob
-        if branching > 0:
-            ranked = ranked[:branching]
-        for k in ranked:
-            n = int(counts[k])
+        for token, n in ranked[:branching] if branching > 0 else ranked:  # (as the trie orders them)
             if n < need:
                 break
-            token = int(values[k])
             heapq.heappush(heap, (-prob * n / total, next(order), ends[after == token], token, parent, depth, total))

@@ -37,12 +37,14 @@ def test_counts_equal_naive_counting(seed, gather_max, monkeypatch):
     assert_counts_are_naive(array.count, seqs, rng, MATCH, 200)
 
 
+@pytest.mark.parametrize("small_count", [0, 32])  # continuations counted by np.unique, or in Python when few
 @pytest.mark.parametrize("gather_max", [0, 256])  # ranges searched by bisection, or by gather + searchsorted
 @pytest.mark.parametrize("seed", range(8))
-def test_drafts_equal_the_tries_drafts(seed, gather_max, monkeypatch):
+def test_drafts_equal_the_tries_drafts(seed, gather_max, small_count, monkeypatch):
     """Same tokens, parents, probabilities, support and match length, for chains and branching trees; the
     trie sees the context's last MATCH tokens, so both consider the same match lengths."""
     monkeypatch.setattr(suffix_array, "GATHER_MAX", gather_max)
+    monkeypatch.setattr(suffix_array, "SMALL_COUNT", small_count)
     rng = random.Random(1000 + seed)
     alphabet = rng.choice([3, 5, 8])
     seqs = random_seqs(rng, 8, alphabet=alphabet, low=20, high=120)
