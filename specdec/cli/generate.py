@@ -27,7 +27,8 @@ def generate(
     device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
     quantize: Optional[str] = typer.Option(None, help="int8: dynamic W8A8 linears on CPU."),
-    drafter: str = typer.Option("none", help="Drafter spec (see above), e.g. ngram or ngram:n=3,k=8."),
+    drafter: str = typer.Option("suffix", help="Drafter spec (see above), e.g. ngram or ngram:n=3,k=8; none for "
+                                               "plain decode."),
     tree: Optional[str] = typer.Option(None, help="Tree spec (see above), e.g. chain:k=5."),
     max_new_tokens: int = typer.Option(128, help="Most tokens to generate."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),

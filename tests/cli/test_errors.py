@@ -23,7 +23,7 @@ MISSING_MODEL = ["--target", "/no/such/model"]  # reaching the model load would 
     (["--drafter", "ngram:k=1000"], "--max-tree-nodes"),
     (["--drafter", "ngram:q=3"], "unknown option(s) for drafter 'ngram': q"),
     (["--drafter", "ngram:k=x"], "drafter option k must be an integer"),
-    (["--tree", "chain:k=3"], "drafter 'none' drafts nothing"),
+    (["--drafter", "none", "--tree", "chain:k=3"], "drafter 'none' drafts nothing"),
     (["--drafter", "ngram", "--tree", "chain:k=0"], "chain:k=0 drafts nothing"),
     (["--drafter", "ngram", "--tree", "spiral"], "unknown tree kind"),
     (["--quantize", "int3"], "unknown quantization"),
