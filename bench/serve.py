@@ -210,7 +210,8 @@ def main() -> None:
                         help="completions for targets without a chat template (dummy:<shape>)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--kv-cache-tokens", type=int, default=16384, help="per server (int8 keeps K/V in float64)")
+    parser.add_argument("--kv-cache-tokens", type=int, default=16384,
+                        help="per server (int8 keeps K/V in float32 on the compiled kernels, float64 without them)")
     parser.add_argument("--slo-ttft", type=float, default=2.0, help="goodput target: TTFT seconds")
     parser.add_argument("--slo-tpot", type=float, default=0.1, help="goodput target: seconds per output token")
     parser.add_argument("--seed", type=int, default=0)
