@@ -187,10 +187,12 @@ class Engine:
             return self.nodes.trees(seqs, prefill_tokens)
         # Closed: no request can arrive, and every waiting one will get a slot (it waits for prefill budget, not
         # for a sequence to finish), so finishing early frees nothing anyone uses.
-        waiting = self.scheduler.waiting
-        closed = self.arrivals_closed and len(self.scheduler.running) + len(waiting) <= self.config.max_num_seqs
-        starting = list(waiting) + [s for s in self.scheduler.running if s.num_computed < prefill_target(s)]
-        waiting_left = max((s.params.max_new_tokens - len(s.output_ids) for s in starting), default=0)
+        waiting, running = self.scheduler.waiting, self.scheduler.running
+        closed = self.arrivals_closed and len(running) + len(waiting) <= self.config.max_num_seqs
+        waiting_left = 0  # the most tokens to go of a sequence not yet decoding (closed batches only)
+        if closed:
+            starting = list(waiting) + [s for s in running if s.num_computed < prefill_target(s)]
+            waiting_left = max((s.params.max_new_tokens - len(s.output_ids) for s in starting), default=0)
         depths = self.planner.plan(seqs, self.tree, prefill_tokens, closed=closed, waiting_left=waiting_left)
         drafting = [seq for seq, d in zip(seqs, depths) if d > 0]
         trees: dict[int, TokenTree] = {}

@@ -142,9 +142,9 @@ class SpeculationPlanner:
     @property
     def idle(self) -> bool:
         """Has speculation been off for the last `IDLE_AFTER` plans (depth planning) or drafting skipped as
-        long (node planning)? The engine then seeds no prompt rows into the drafter and skips the drafter's
-        reading of verified logits on steps that verified no drafted node: work for drafts nobody is making.
-        Exploration steps (`EXPLORE_AFTER`) end the idle spell."""
+        long (node planning)? The engine then skips the drafter's reading of verified logits on steps that
+        verified no drafted node: work for drafts nobody is making. Exploration steps (`EXPLORE_AFTER`) end
+        the idle spell."""
         return self._idle_plans >= IDLE_AFTER or self._skipped >= IDLE_AFTER
 
     # ----------------------------------------------------------------------------------------- observations
@@ -201,7 +201,7 @@ class SpeculationPlanner:
             return [0] * len(seqs)
         cost, prefill_tokens = self._decode_cost(prefill_tokens)
         if cost is None:  # nothing measured yet: speculate fully once and learn (in a closed batch, on one sequence)
-            return [spec.depth] * (1 if closed else len(seqs)) + [0] * (len(seqs) - 1 if closed else 0)
+            return [spec.depth if not closed or i == 0 or is_pinned(seq) else 0 for i, seq in enumerate(seqs)]
         prior = self._prior(spec.depth)
         betas = [self._blend(seq, prior) for seq in seqs]
         nodes = [spec.nodes_within(d) for d in range(spec.depth + 1)]
@@ -269,23 +269,23 @@ class SpeculationPlanner:
         top = max(max(left), waiting_left)
         critical = [i for i, n in enumerate(left) if n >= top - spec.depth]
         stuck = 0 < waiting_left >= top - spec.depth  # the batch's end waits on a sequence not yet running
-        pinned = [i for i, seq in enumerate(seqs) if is_pinned(seq)]
-        extra = nodes[spec.depth] * len(pinned)
+        pinned = [is_pinned(seq) for seq in seqs]
+        movable = [i for i in critical if not pinned[i]]  # the critical sequences the plan decides for
+        extra = nodes[spec.depth] * sum(pinned)
 
         def rate(d: int) -> float:
-            moved = [i for i in critical if i not in pinned] if d else []
+            moved = len(movable) if d else 0
             gained = min((sum(betas[i][:d]) for i in critical), default=0.0) if d and not stuck else 0.0
-            drafting, deepest = len(moved) + len(pinned), spec.depth if pinned else d
-            rows = extra + nodes[d] * len(moved)
+            drafting, deepest = moved + sum(pinned), spec.depth if any(pinned) else d
+            rows = extra + nodes[d] * moved
             return (1.0 + gained) / max(cost.predict(base_tokens + rows) + draft_seconds(drafting, deepest), 1e-9)
 
         allowed = [d for d in range(spec.depth + 1)
                    if d == 0 or base_tokens + extra + nodes[d] * len(critical) <= measured + nodes[spec.depth]]
         best = max(allowed, key=lambda d: (rate(d), -d))
-        chosen = [spec.depth if i in pinned else 0 for i in range(len(seqs))]
-        for i in critical:
-            if i not in pinned:
-                chosen[i] = best
+        chosen = [spec.depth if pin else 0 for pin in pinned]
+        for i in movable:
+            chosen[i] = best
         return chosen
 
     def plan_nodes(self, seqs: list[Sequence], probs: list[list[float]], prefill_tokens: int = 0) -> list[int]:

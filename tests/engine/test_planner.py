@@ -275,3 +275,12 @@ def test_a_closed_batch_of_one_speculates_to_its_last_token():
     p = planner(cost_per_token=0.0001)
     last = left(seq(0, [9, 8, 7, 6, 5], [10] * 5), 64, 62)  # two tokens to go
     assert p.plan([last], chain(5), closed=True)[0] > 0
+
+
+def test_a_closed_batch_learns_its_price_on_one_sequence_and_keeps_seeded_trees_full():
+    """Nothing measured yet: a closed batch explores on one sequence, not all; a seeded sampled request still
+    gets its full tree, so its random draws do not depend on the batch it runs in."""
+    p = SpeculationPlanner()
+    seqs = [seq(0), seq(1), seq(2, temperature=0.8, seed=1)]
+    assert p.plan(seqs, chain(3), closed=True) == [3, 0, 3]
+    assert p.plan(seqs, chain(3)) == [3, 3, 3]
