@@ -114,3 +114,12 @@ def test_wide_attention_equals_avx2(make_case, tree, group, head_dim):
                      page=4, tree=tree)
     slow, fast = _both(lambda: cpu.paged_attention(*case.args()))
     assert torch.equal(fast, slow)
+
+
+def test_isa_says_none_without_the_compiled_kernels(monkeypatch):
+    """`isa()` answers for the torch reference too (it used to raise AttributeError when called before the
+    kernels were loaded, or with them switched off)."""
+    monkeypatch.setenv("SPECDEC_CPU_KERNELS", "0")
+    assert cpu.isa() == "none"
+    monkeypatch.delenv("SPECDEC_CPU_KERNELS")
+    assert cpu.isa() in ("avx2", "avx512")

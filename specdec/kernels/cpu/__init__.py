@@ -141,7 +141,9 @@ def isa(request: str = "") -> str:
     linears' VNNI tiles, four times fewer instructions a product, and attention's three-heads-at-a-time blocks:
     what makes extra verified rows cheap), else "avx2". `request` "avx2" forces the AVX2 paths and "avx512"
     restores AVX-512, for A/B runs and tests; SPECDEC_CPU_ISA=avx2 does the same for a whole process. Both give
-    the same bits."""
+    the same bits. Without the compiled kernels (`available()` False) it is "none"."""
+    if not available():
+        return "none"
     return torch.ops.specdec_cpu.isa(request)
 
 
