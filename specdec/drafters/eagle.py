@@ -33,6 +33,7 @@ from torch import Tensor
 
 from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterContext
+from specdec.drafters.heads import eagle_fast
 from specdec.drafters.heads.draft_folder import alias_of
 from specdec.drafters.heads.eagle_checkpoint import default_feature_layers, load_eagle
 from specdec.drafters.heads.eagle_model import EaglePredictor, paged_attend
@@ -159,8 +160,12 @@ class EagleDrafter(ModelDrafter):
         packed = pack(self.cache, [Chunk(f.table, f.tokens, f.positions, f.mask) for f in feeds], device)
         embeds = self.target.embed_tokens(packed.tokens)
         features = torch.cat([feed.inputs for feed in feeds]).to(embeds.dtype)
-        hidden = self.predictor(embeds, features, packed.positions,
-                                paged_attend(packed.ctx, self.cache.layers[0], self.predictor.scale))
+        layer_cache = self.cache.layers[0]
+        if eagle_fast.applies(self.predictor, embeds, layer_cache[0]):  # eight kernel calls, not ~40 torch ops
+            hidden = eagle_fast.forward(self.predictor, embeds, features, packed.positions, packed.ctx, layer_cache)
+        else:
+            hidden = self.predictor(embeds, features, packed.positions,
+                                    paged_attend(packed.ctx, layer_cache, self.predictor.scale))
         return list(hidden.split([len(f.tokens) for f in feeds]))
 
     def _logits(self, outputs: Tensor) -> tuple[Tensor, Tensor | None]:

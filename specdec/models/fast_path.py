@@ -9,7 +9,7 @@ attention, the activation and, for int8, five ops of activation quantization per
     -> quantize -> o_proj -> rms_norm (+ residual) -> gate_up -> silu_mul -> down
 
 with the fused kernels of specdec.kernels.cpu. Each kernel writes its output in the form the next linear
-takes (`_form`): float for a float linear; int8 rows with their scales for a QLinear; rows divided by their
+takes (`input_form`): float for a float linear; int8 rows with their scales for a QLinear; rows divided by their
 max |x| for an fbgemm Int8DynamicLinear, whose output row scale the kernel after it applies. The residual add
 of a sublayer is done by the next norm. Every kernel works row by row, and the attention kernel has a fixed reduction
 order per row, so a row's result does not depend on its batch (the int8 contract, tests/engine).
@@ -42,7 +42,7 @@ def applies(model: "LlamaModel", kv_caches: list[tuple[Tensor, Tensor]]) -> bool
             and cpu_kernels.available())
 
 
-def _form(linear: nn.Module, bias_ok: bool = False) -> int:
+def input_form(linear: nn.Module, bias_ok: bool = False) -> int:
     """The input form a linear takes (specdec.kernels.reference: FLOAT, ROWSCALE or Q8). An fbgemm layer's
     bias cannot be deferred past its output scale, so only qkv (rope_kv adds its bias) may have one."""
     if isinstance(linear, QLinear):
@@ -52,7 +52,7 @@ def _form(linear: nn.Module, bias_ok: bool = False) -> int:
     return FLOAT
 
 
-def _project(linear: nn.Module, act: list[Tensor], form: int) -> tuple[Tensor, Tensor | None]:
+def project(linear: nn.Module, act: list[Tensor], form: int) -> tuple[Tensor, Tensor | None]:
     """The linear's output, and the row scale it still needs (fbgemm layers) or None."""
     if form == Q8:
         return linear.forward_q8(act), None
@@ -152,25 +152,25 @@ def forward(
                 pending = pending_scale = None
             captured[index] = x.clone()
         k_cache, v_cache = kv_caches[index]
-        form = _form(attn.qkv_proj, bias_ok=True)
+        form = input_form(attn.qkv_proj, bias_ok=True)
         act = cpu_kernels.rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.eps, form, pending,
                                    pending_scale)
-        qkv, scale = _project(attn.qkv_proj, act, form)
+        qkv, scale = project(attn.qkv_proj, act, form)
         bias = attn.qkv_proj.bias if form == ROWSCALE else None  # other linears added their own
         q = cpu_kernels.rope_kv(qkv, scale, bias, positions, rope.cos, rope.sin, k_cache, v_cache, ctx.slot_mapping,
                                 c.num_heads, c.num_kv_heads)
         out = cpu_kernels.paged_attention(q, k_cache, v_cache, ctx.block_tables, ctx.prefix_lens, ctx.query_start_loc,
                                           ctx.tree_mask, attn.scale)
-        form = _form(attn.o_proj)
+        form = input_form(attn.o_proj)
         act = [out.view(out.shape[0], -1)] if form == FLOAT else cpu_kernels.quantize(out, form)
-        y, scale = _project(attn.o_proj, act, form)
-        form = _form(mlp.gate_up_proj)
+        y, scale = project(attn.o_proj, act, form)
+        form = input_form(mlp.gate_up_proj)
         act = cpu_kernels.rms_norm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, form,
                                    y, scale)
-        gate_up, scale = _project(mlp.gate_up_proj, act, form)
-        form = _form(mlp.down_proj)
+        gate_up, scale = project(mlp.gate_up_proj, act, form)
+        form = input_form(mlp.down_proj)
         act = cpu_kernels.silu_mul(gate_up, scale, form)
-        pending, pending_scale = _project(mlp.down_proj, act, form)
+        pending, pending_scale = project(mlp.down_proj, act, form)
     (hidden,) = cpu_kernels.rms_norm(x, model.norm.weight, model.norm.eps, FLOAT, pending, pending_scale)
     rows = hidden if logits_rows is None else hidden.index_select(0, logits_rows)
     logits = model.lm_head(rows).float() if rows.shape[0] else None

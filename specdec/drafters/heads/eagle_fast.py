@@ -1,0 +1,81 @@
+"""The EAGLE predictor's layer through the compiled CPU kernels, as the target's fast path runs its layers.
+
+Drafting is the price of every EAGLE depth, and most of it was not arithmetic: the module path
+(`EaglePredictor.forward` with `paged_attend`) dispatches about forty torch ops and nine module calls per
+forward, around five small linears, so on the default model a drafted depth cost 1.5 ms of which the linears
+were 0.6. Here the same layer is eight kernel calls:
+
+    fc -> qkv -> rope_kv (rotates q, k; writes k, v) -> paged_attention -> o_proj
+    -> rms_norm (adds o_proj's output to the residual first) -> gate_up -> silu_mul -> down
+
+each handing the next linear its input in the form it takes (`specdec.models.fast_path.input_form`: int8 rows
+for the drafter's int8 linears). The arithmetic is the module path's up to float rounding (its reference:
+tests/drafters/test_eagle_fast.py); a draft only proposes, so rounding can change which tokens are drafted,
+never which are emitted. EAGLE-3 differs only at the input: its attention reads the two normalised halves
+`[input_layernorm(embed) ; hidden_norm(feature)]`, and a feature already H wide (the predictor's own output, on
+later depths) skips `fc`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from specdec.kernels import cpu as cpu_kernels
+from specdec.kernels.reference import FLOAT, ROWSCALE
+from specdec.models.context import AttentionContext
+from specdec.models.fast_path import input_form, project
+
+
+def applies(predictor: nn.Module, embeds: Tensor, k_cache: Tensor) -> bool:
+    """Float32 rows on CPU with a float32 cache and the compiled kernels built."""
+    return (embeds.dtype == torch.float32 and embeds.device.type == "cpu" and k_cache.dtype == torch.float32
+            and cpu_kernels.available())
+
+
+def _linear(linear: nn.Module, x: Tensor) -> Tensor:
+    """One linear on float rows, through the kernels' quantization where the layer takes int8 input."""
+    form = input_form(linear)
+    if form == FLOAT:
+        return linear(x)
+    y, scale = project(linear, cpu_kernels.quantize(x, form), form)
+    return y if scale is None else y * scale
+
+
+def forward(predictor: nn.Module, embeds: Tensor, features: Tensor, positions: Tensor, ctx: AttentionContext,
+            cache: tuple[Tensor, Tensor]) -> Tensor:
+    """`EaglePredictor.forward` over the paged cache (`paged_attend`'s K/V writes included): `[T, H]`."""
+    c = predictor.config.layer
+    k_cache, v_cache = cache
+    features = features.to(embeds.dtype)
+    if predictor.config.version == 3:
+        if features.shape[-1] != predictor.config.hidden_size:
+            residual = _linear(predictor.fc, features.contiguous())
+        else:  # the caller's tensor: the norm below adds into the residual in place
+            residual = features.clone()
+        (embed_norm,), (feature_norm,) = (
+            cpu_kernels.rms_norm(x.contiguous(), norm.weight, norm.eps, FLOAT)
+            for x, norm in ((embeds, predictor.input_layernorm), (residual, predictor.hidden_norm)))
+        x = torch.cat([embed_norm, feature_norm], dim=-1)
+    else:
+        residual = x = _linear(predictor.fc, torch.cat([embeds, features], dim=-1).contiguous())
+    qkv_proj, o_proj, mlp = predictor.qkv_proj, predictor.o_proj, predictor.mlp
+    form = input_form(qkv_proj, bias_ok=True)
+    act = [x] if form == FLOAT else cpu_kernels.quantize(x, form)
+    qkv, scale = project(qkv_proj, act, form)
+    bias = qkv_proj.bias if form == ROWSCALE else None  # the other forms added their own
+    rope = predictor.rope
+    q = cpu_kernels.rope_kv(qkv, scale, bias, positions, rope.cos, rope.sin, k_cache, v_cache, ctx.slot_mapping,
+                            c.num_heads, c.num_kv_heads)
+    out = cpu_kernels.paged_attention(q, k_cache, v_cache, ctx.block_tables, ctx.prefix_lens, ctx.query_start_loc,
+                                      ctx.tree_mask, predictor.scale)
+    form = input_form(o_proj)
+    act = [out.view(out.shape[0], -1)] if form == FLOAT else cpu_kernels.quantize(out, form)
+    y, scale = project(o_proj, act, form)
+    norm = predictor.post_attention_layernorm
+    form = input_form(mlp.gate_up_proj)
+    act = cpu_kernels.rms_norm(residual, norm.weight, norm.eps, form, y, scale)  # residual += o_proj's output
+    gate_up, scale = project(mlp.gate_up_proj, act, form)
+    form = input_form(mlp.down_proj)
+    down, scale = project(mlp.down_proj, cpu_kernels.silu_mul(gate_up, scale, form), form)
+    return residual + (down if scale is None else down * scale)
