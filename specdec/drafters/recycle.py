@@ -64,13 +64,16 @@ class RecycleDrafter(DrafterBase):
 
     # ----------------------------------------------------------------------------------------- proposals
     def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:
-        return [TokenTree.from_parents(tokens, parents) for tokens, parents, _ in self._expand(seqs, spec)]
+        return [TokenTree.from_parents(tokens, parents) for tokens, parents, _ in self._expand(seqs, spec, False)]
 
     def propose_scored(self, seqs: list[Sequence], spec: TreeSpec) -> list[ScoredTree]:
         """The same trees with each node's recycled target probability as its raw score (for hybrid trees)."""
         return [ScoredTree(tokens, parents, scores) for tokens, parents, scores in self._expand(seqs, spec)]
 
-    def _expand(self, seqs: list[Sequence], spec: TreeSpec) -> list[tuple[list[int], list[int], list[float]]]:
+    def _expand(self, seqs: list[Sequence], spec: TreeSpec,
+                scored: bool = True) -> list[tuple[list[int], list[int], list[float]]]:
+        """Each sequence's tree from the matrix: tokens, parents and (if `scored`; only hybrid trees and node
+        planning read them) each node's recycled probability."""
         out = []
         for seq in seqs:
             prev = _before_last(seq)
@@ -79,7 +82,7 @@ class RecycleDrafter(DrafterBase):
                                                          spec.topk, prev))
                 continue
             tokens, parents = self.matrix.expand(seq.last_token, self._layout(spec), spec.depth, prev)
-            out.append((tokens, parents, self._scores(tokens, parents, prev)))
+            out.append((tokens, parents, self._scores(tokens, parents, prev) if scored else []))
         return out
 
     def _scores(self, tokens: list[int], parents: list[int], prev: int) -> list[float]:
