@@ -99,6 +99,12 @@ class LLM:
 
             quantize_model_int8_(loaded.model, bits=4 if quantize == "int4" else 8)
             loaded.quantized = quantize
+        if loaded.model.device.type == "cpu":
+            from specdec.kernels import cpu as cpu_kernels
+
+            # The first use builds the compiled kernels (once per install, about a minute): here, with the
+            # load, rather than inside the first request, where it read as a 100-second time to first token.
+            cpu_kernels.available()
         self.engine_config = engine_config or EngineConfig()
         self._planners: dict[tuple[str, TreeSpec], SpeculationPlanner] = {}
         self.use(drafter, tree)
