@@ -8,8 +8,9 @@ stopping at EOS as real requests do) run through:
 * transformers `generate` on batches of c prompts (static batching: left padding, and every sequence in a batch
   keeps stepping until the longest is done), fp32.
 
-Levels run one after another and, within a level, methods run back to back, so the ratios compare runs made
-minutes apart on the same machine. Outputs are checked too: each of our methods' greedy text must equal our
+Levels run one after another; within a level the methods run round by round (`--rounds`, the order reversed
+every other round) and each method's tok/s is its tokens over its seconds summed over the rounds, so drift on a
+shared machine hits every method alike (single back-to-back passes moved plain decode by 15% between runs). Outputs are checked too: each of our methods' greedy text must equal our
 plain decode's (the `agree` column), so speed never hides a wrong answer.
 
     python bench/throughput.py --modes fp32,int8 --levels 1,4,16,64 --methods none,ngram,draft
@@ -52,10 +53,18 @@ def run_ours(llm: LLM, prompts: list[str], new_tokens: int) -> dict:
     seconds = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outputs)
     steps = sum(o.metrics.target_steps for o in outputs)
-    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds,
+    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "steps": steps,
             "tau": sum(sum(o.metrics.accepted_per_step) for o in outputs) / max(steps, 1),
             "cached_prompt_tokens": sum(o.metrics.cached_prompt_tokens for o in outputs),
             "texts": [o.text for o in outputs]}
+
+
+def merge_rounds(runs: list[dict]) -> dict:
+    """One method's rounds as one run: tokens and seconds summed, tau over all its steps."""
+    tokens, seconds, steps = (sum(r[k] for r in runs) for k in ("tokens", "seconds", "steps"))
+    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "steps": steps, "rounds": len(runs),
+            "tau": sum(r["tau"] * r["steps"] for r in runs) / max(steps, 1),
+            "cached_prompt_tokens": sum(r["cached_prompt_tokens"] for r in runs)}
 
 
 def run_transformers(model, tokenizer, encoded: list[list[int]], level: int, new_tokens: int, eos: set[int]) -> dict:
@@ -89,6 +98,7 @@ def main() -> None:
     parser.add_argument("--per-level", type=int, default=2, help="requests per level = level x this (at least 4)")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=1, help="runs of every method per level, interleaved")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--out", type=Path, default=RESULTS / "throughput.json")
     args = parser.parse_args()
@@ -119,7 +129,7 @@ def main() -> None:
         llm.generate(["Hello"], SamplingParams(max_new_tokens=4))
 
     rows = []
-    total = len(levels) * (len(modes) * len(methods) + (hf is not None))
+    total = len(levels) * (len(modes) * len(methods) * args.rounds + (hf is not None))
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("throughput runs", total=total)
         for level in levels:
@@ -132,18 +142,21 @@ def main() -> None:
                 progress.advance(task)
             for mode, llm in engines.items():
                 llm.engine_config = EngineConfig(max_num_seqs=level, kv_cache_tokens=min(900 * level, 49152))
-                plain_texts = None
+                runs: dict[str, list[dict]] = {method: [] for method in methods}
+                for round_index in range(args.rounds):
+                    for method in methods if round_index % 2 == 0 else methods[::-1]:
+                        progress.update(task, description=f"c={level}: specdec {mode} {method}")
+                        llm.use(method, TREES.get(method))
+                        runs[method].append(run_ours(llm, prompts, args.new_tokens))
+                        progress.advance(task)
+                plain_texts = runs["none"][0]["texts"] if "none" in runs else None
                 for method in methods:
-                    progress.update(task, description=f"c={level}: specdec {mode} {method}")
-                    llm.use(method, TREES.get(method))
-                    result = run_ours(llm, prompts, args.new_tokens)
-                    texts = result.pop("texts")
-                    if method == "none":
-                        plain_texts = texts
-                    agree = None if plain_texts is None else sum(a == b for a, b in zip(texts, plain_texts)) / len(texts)
+                    agree = None
+                    if plain_texts is not None:  # every round's texts against plain decode's first
+                        pairs = [(a, b) for run in runs[method] for a, b in zip(run["texts"], plain_texts)]
+                        agree = sum(a == b for a, b in pairs) / len(pairs)
                     rows.append({"level": level, "engine": "specdec", "mode": mode, "method": method,
-                                 "agree": agree, **result})
-                    progress.advance(task)
+                                 "agree": agree, **merge_rounds(runs[method])})
             console.print(f"c={level}: " + ", ".join(f"{r['engine'][:2]}-{r['mode']}-{r['method']} {r['tok_s']:.1f}"
                                                      for r in rows if r["level"] == level))
     for row in rows:
