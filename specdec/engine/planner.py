@@ -30,7 +30,8 @@ Costs for batch sizes never measured are extrapolated optimistically (in proport
 smallest measurement, flat above a single one), so the planner tries such a step once and learns what it
 costs, rather than guessing from a model of the hardware. Measured prices follow the fastest recent steps
 (timing noise only ever adds), and after `EXPLORE_AFTER` steps without speculation one sequence drafts its full
-tree once, so that a price measured during a stall is measured again. Greedy outputs never depend on the plan:
+tree once, so that a price measured during a stall is measured again (then after twice as many, up to
+`EXPLORE_MAX`, while explorations change nothing). Greedy outputs never depend on the plan:
 a shorter tree changes speed, never tokens. A *seeded*
 sampled request is different: which random numbers it draws depends on its tree's shape, so to give the same
 output whatever runs beside it, it always gets the full tree (it is pinned, and only priced in).
@@ -53,6 +54,11 @@ PRIOR_BETA = 0.5  # P(accept depth 1) before any evidence
 # speculation can measure is re-measured. Without it, one stalled step could switch speculation off for good
 # (seen in the bench suite: a drafter at tau 1.00 beside the same drafter at 1.4 in the next run).
 EXPLORE_AFTER = 16
+# Each exploration that leaves the plan empty doubles the wait before the next, up to this many plans. Where rows
+# are dear an exploration is too: on an AVX2 CPU one sequence's 8-node tree costs about 1.6 extra plain steps, so
+# exploring every 16 plans cost suffix a tenth of its throughput at concurrency 4 (0.89x of plain decode, 1.01x
+# with exploration off). A plan that chooses speculation on its own restores EXPLORE_AFTER.
+EXPLORE_MAX = 16 * EXPLORE_AFTER
 # Node planning's measured gain is a long-run average: retrieval drafters win in bursts (a copied span) between
 # runs of steps with nothing to propose, and a short average dipped below the drafting cost after a few empty
 # steps and skipped the next burst (suffix fell from 1.31x to 1.17x at batch 1 with a decay of 1/4).
@@ -138,6 +144,8 @@ class SpeculationPlanner:
         self.calibration = AcceptanceCalibration(optimism=1.0)
         self._node_gain: dict[int, list[float]] = {}  # node planning, per batch-size bucket: gain statistics
         self._skipped = 0  # node planning: steps in a row that skipped drafting
+        self._explore_every = EXPLORE_AFTER  # idle plans before the next exploration (doubles, `EXPLORE_MAX`)
+        self._draft_explore_every = EXPLORE_AFTER  # the same for skipped drafting (node planning)
 
     @property
     def idle(self) -> bool:
@@ -354,8 +362,12 @@ class SpeculationPlanner:
             return True
         cost, prefill_tokens = self._decode_cost(prefill_tokens)
         mean, square, steps = self._node_gain.get(StepCost._bucket(len(seqs)), (0.0, 0.0, 0.0))
-        if cost is None or steps < NODE_GAIN_EVIDENCE or not self.draft_cost.known or self._skipped >= EXPLORE_AFTER:
+        if cost is None or steps < NODE_GAIN_EVIDENCE or not self.draft_cost.known:
             self._skipped = 0
+            return True
+        if self._skipped >= self._draft_explore_every:  # drafted once to measure again; next time later
+            self._skipped = 0
+            self._draft_explore_every = min(2 * self._draft_explore_every, EXPLORE_MAX)
             return True
         # Optimistic, as the planner's acceptance estimates are: the mean plus one standard error. A bursty
         # drafter's gain varies widely, so drafting is only skipped where the evidence is firm that it costs
@@ -364,6 +376,7 @@ class SpeculationPlanner:
         share = self.draft_cost.predict(len(seqs)) / max(cost.predict(prefill_tokens + len(seqs)), 1e-9)
         if mean + spread > share:
             self._skipped = 0
+            self._draft_explore_every = EXPLORE_AFTER
             return True
         self._skipped += 1
         return False
@@ -382,14 +395,17 @@ class SpeculationPlanner:
 
     def _explore_if_idle(self, chosen: list[int], likelihood: list[float], full: list[int]) -> list[int]:
         """After `EXPLORE_AFTER` plans in a row without speculation, the likeliest sequence gets its full tree
-        (`full[i]`: a depth or a node count) once, so that a price measured during a stall is measured again."""
+        (`full[i]`: a depth or a node count) once, so that a price measured during a stall is measured again.
+        Each exploration doubles the wait before the next (up to `EXPLORE_MAX`), until a plan speculates again."""
         if any(chosen):
             self._idle_plans = 0
+            self._explore_every = EXPLORE_AFTER
             return chosen
         self._idle_plans += 1
-        if self._idle_plans > EXPLORE_AFTER:
+        if self._idle_plans > self._explore_every:
             i = max(range(len(chosen)), key=lambda j: (full[j] > 0, likelihood[j]))
             if full[i]:
                 self._idle_plans = 0
+                self._explore_every = min(2 * self._explore_every, EXPLORE_MAX)
                 chosen[i] = full[i]
         return chosen

@@ -108,15 +108,30 @@ def test_a_stalled_step_raises_a_price_only_until_the_next_measurement():
     assert 0.021 < cost.predict(2) < 0.025
 
 
-def test_speculation_switched_off_is_tried_again_after_a_while():
-    from specdec.engine.planner import EXPLORE_AFTER
+def test_speculation_switched_off_is_tried_again_less_and_less_often():
+    from specdec.engine.planner import EXPLORE_AFTER, EXPLORE_MAX
 
     p = planner(cost_per_token=0.01, fixed=0.005)  # extra rows cost as much as the step: never worth it
     seqs = [seq(i, [3 + i, 1, 0], [10] * 3) for i in range(4)]
-    plans = [p.plan(seqs, chain(3)) for _ in range(2 * (EXPLORE_AFTER + 1))]
+    plans = [p.plan(seqs, chain(3)) for _ in range(1000)]
     explored = [i for i, depths in enumerate(plans) if any(depths)]
-    assert explored == [EXPLORE_AFTER, 2 * EXPLORE_AFTER + 1]
+    waits = [b - a - 1 for a, b in zip([-1] + explored, explored)]
+    # each exploration that changes nothing doubles the wait before the next, up to EXPLORE_MAX plans
+    assert waits == [EXPLORE_AFTER * 2**k for k in range(5)] + [EXPLORE_MAX] * (len(waits) - 5)
     assert plans[EXPLORE_AFTER] == [0, 0, 0, 3]  # one sequence, the likeliest to accept, with the full tree
+
+
+def test_a_plan_that_speculates_again_restores_the_short_exploration_wait():
+    from specdec.engine.planner import EXPLORE_AFTER
+
+    p = planner(cost_per_token=0.01, fixed=0.005)
+    seqs = [seq(i, [3 + i, 1, 0], [10] * 3) for i in range(4)]
+    for _ in range(3 * EXPLORE_AFTER + 2):  # two explorations: the wait is now 4 * EXPLORE_AFTER
+        p.plan(seqs, chain(3))
+    assert p._explore_every == 4 * EXPLORE_AFTER
+    p.cost = planner(cost_per_token=0.0001).cost  # rows became cheap: speculation pays again
+    assert any(p.plan(seqs, chain(3)))
+    assert p._explore_every == EXPLORE_AFTER
 
 
 # ------------------------------------------------------------------------------------------ node planning
@@ -164,6 +179,8 @@ def test_drafting_is_skipped_while_it_costs_more_than_it_gains_and_retried():
     assert cheap.should_draft(seqs)
     decisions = [dear.should_draft(seqs) for _ in range(EXPLORE_AFTER + 1)]
     assert decisions == [False] * EXPLORE_AFTER + [True]  # skipped, then drafted once to measure again
+    later = [dear.should_draft(seqs) for _ in range(2 * EXPLORE_AFTER + 1)]
+    assert later == [False] * (2 * EXPLORE_AFTER) + [True]  # that draft won nothing: twice as long a wait
     pinned = seq(9, temperature=0.8, seed=1)
     assert dear.should_draft(seqs + [pinned])  # a seeded sampled request always gets its drafter's tree
 
