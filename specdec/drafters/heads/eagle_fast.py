@@ -33,15 +33,6 @@ def applies(predictor: nn.Module, embeds: Tensor, k_cache: Tensor) -> bool:
             and cpu_kernels.available())
 
 
-def _linear(linear: nn.Module, x: Tensor) -> Tensor:
-    """One linear on float rows, through the kernels' quantization where the layer takes int8 input."""
-    form = input_form(linear)
-    if form == FLOAT:
-        return linear(x)
-    y, scale = project(linear, cpu_kernels.quantize(x, form), form)
-    return y if scale is None else y * scale
-
-
 def forward(predictor: nn.Module, embeds: Tensor, features: Tensor, positions: Tensor, ctx: AttentionContext,
             cache: tuple[Tensor, Tensor]) -> Tensor:
     """`EaglePredictor.forward` over the paged cache (`paged_attend`'s K/V writes included): `[T, H]`."""
@@ -50,7 +41,7 @@ def forward(predictor: nn.Module, embeds: Tensor, features: Tensor, positions: T
     features = features.to(embeds.dtype)
     if predictor.config.version == 3:
         if features.shape[-1] != predictor.config.hidden_size:
-            residual = _linear(predictor.fc, features.contiguous())
+            residual = predictor.fc(features)
         else:  # the caller's tensor: the norm below adds into the residual in place
             residual = features.clone()
         (embed_norm,), (feature_norm,) = (
@@ -58,7 +49,7 @@ def forward(predictor: nn.Module, embeds: Tensor, features: Tensor, positions: T
             for x, norm in ((embeds, predictor.input_layernorm), (residual, predictor.hidden_norm)))
         x = torch.cat([embed_norm, feature_norm], dim=-1)
     else:
-        residual = x = _linear(predictor.fc, torch.cat([embeds, features], dim=-1).contiguous())
+        residual = x = predictor.fc(torch.cat([embeds, features], dim=-1))  # QLinear quantizes its rows itself
     qkv_proj, o_proj, mlp = predictor.qkv_proj, predictor.o_proj, predictor.mlp
     form = input_form(qkv_proj, bias_ok=True)
     act = [x] if form == FLOAT else cpu_kernels.quantize(x, form)
