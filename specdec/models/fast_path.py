@@ -61,6 +61,34 @@ def project(linear: nn.Module, act: list[Tensor], form: int) -> tuple[Tensor, Te
     return linear.forward(act[0]), None
 
 
+def attend_and_mlp(attn: nn.Module, mlp: nn.Module, post_norm: nn.Module, act: list[Tensor], form: int,
+                   residual: Tensor, positions: Tensor, ctx: AttentionContext, cache: tuple[Tensor, Tensor],
+                   rope: nn.Module, num_heads: int, num_kv_heads: int) -> tuple[Tensor, Tensor | None]:
+    """One layer from qkv's input (`act`, in `form`) to down's output and the row scale it still needs:
+
+        qkv -> rope_kv (rotates q, k; writes k, v) -> paged_attention -> o_proj
+        -> post_norm (adds o_proj's output to `residual` in place) -> gate_up -> silu_mul -> down
+
+    The target's layers and the EAGLE predictor's layer (specdec/drafters/heads/eagle_fast.py) differ only
+    before qkv and after down, so both run this. `attn` has `qkv_proj`, `o_proj` and `scale`; `mlp` has
+    `gate_up_proj` and `down_proj`."""
+    k_cache, v_cache = cache
+    qkv, scale = project(attn.qkv_proj, act, form)
+    bias = attn.qkv_proj.bias if form == ROWSCALE else None  # the other forms added their own
+    q = cpu_kernels.rope_kv(qkv, scale, bias, positions, rope.cos, rope.sin, k_cache, v_cache, ctx.slot_mapping,
+                            num_heads, num_kv_heads)
+    out = cpu_kernels.paged_attention(q, k_cache, v_cache, ctx.block_tables, ctx.prefix_lens, ctx.query_start_loc,
+                                      ctx.tree_mask, attn.scale)
+    form = input_form(attn.o_proj)
+    act = [out.view(out.shape[0], -1)] if form == FLOAT else cpu_kernels.quantize(out, form)
+    y, scale = project(attn.o_proj, act, form)
+    form = input_form(mlp.gate_up_proj)
+    act = cpu_kernels.rms_norm(residual, post_norm.weight, post_norm.eps, form, y, scale)
+    gate_up, scale = project(mlp.gate_up_proj, act, form)
+    form = input_form(mlp.down_proj)
+    return project(mlp.down_proj, cpu_kernels.silu_mul(gate_up, scale, form), form)
+
+
 # A [3] float64 tensor under "decode_layers" makes the one-call path add its seconds in linears, attention and the
 # rest to it (bench/profile_step.py); empty otherwise.
 TIMINGS: dict[str, Tensor] = {}
@@ -151,26 +179,11 @@ def forward(
                 x.add_(pending * pending_scale if pending_scale is not None else pending)
                 pending = pending_scale = None
             captured[index] = x.clone()
-        k_cache, v_cache = kv_caches[index]
         form = input_form(attn.qkv_proj, bias_ok=True)
         act = cpu_kernels.rms_norm(x, layer.input_layernorm.weight, layer.input_layernorm.eps, form, pending,
                                    pending_scale)
-        qkv, scale = project(attn.qkv_proj, act, form)
-        bias = attn.qkv_proj.bias if form == ROWSCALE else None  # other linears added their own
-        q = cpu_kernels.rope_kv(qkv, scale, bias, positions, rope.cos, rope.sin, k_cache, v_cache, ctx.slot_mapping,
-                                c.num_heads, c.num_kv_heads)
-        out = cpu_kernels.paged_attention(q, k_cache, v_cache, ctx.block_tables, ctx.prefix_lens, ctx.query_start_loc,
-                                          ctx.tree_mask, attn.scale)
-        form = input_form(attn.o_proj)
-        act = [out.view(out.shape[0], -1)] if form == FLOAT else cpu_kernels.quantize(out, form)
-        y, scale = project(attn.o_proj, act, form)
-        form = input_form(mlp.gate_up_proj)
-        act = cpu_kernels.rms_norm(x, layer.post_attention_layernorm.weight, layer.post_attention_layernorm.eps, form,
-                                   y, scale)
-        gate_up, scale = project(mlp.gate_up_proj, act, form)
-        form = input_form(mlp.down_proj)
-        act = cpu_kernels.silu_mul(gate_up, scale, form)
-        pending, pending_scale = project(mlp.down_proj, act, form)
+        pending, pending_scale = attend_and_mlp(attn, mlp, layer.post_attention_layernorm, act, form, x, positions,
+                                                ctx, kv_caches[index], rope, c.num_heads, c.num_kv_heads)
     (hidden,) = cpu_kernels.rms_norm(x, model.norm.weight, model.norm.eps, FLOAT, pending, pending_scale)
     rows = hidden if logits_rows is None else hidden.index_select(0, logits_rows)
     logits = model.lm_head(rows).float() if rows.shape[0] else None

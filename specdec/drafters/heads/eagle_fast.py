@@ -9,7 +9,8 @@ were 0.6. Here the same layer is eight kernel calls:
     -> rms_norm (adds o_proj's output to the residual first) -> gate_up -> silu_mul -> down
 
 each handing the next linear its input in the form it takes (`specdec.models.fast_path.input_form`: int8 rows
-for the drafter's int8 linears). The arithmetic is the module path's up to float rounding (its reference:
+for the drafter's int8 linears). From qkv to down it is the target's own layer body,
+`specdec.models.fast_path.attend_and_mlp`. The arithmetic is the module path's up to float rounding (its reference:
 tests/drafters/test_eagle_fast.py); a draft only proposes, so rounding can change which tokens are drafted,
 never which are emitted. EAGLE-3 differs only at the input: its attention reads the two normalised halves
 `[input_layernorm(embed) ; hidden_norm(feature)]`, and a feature already H wide (the predictor's own output, on
@@ -22,9 +23,9 @@ import torch
 from torch import Tensor, nn
 
 from specdec.kernels import cpu as cpu_kernels
-from specdec.kernels.reference import FLOAT, ROWSCALE
+from specdec.kernels.reference import FLOAT
 from specdec.models.context import AttentionContext
-from specdec.models.fast_path import input_form, project
+from specdec.models.fast_path import attend_and_mlp, input_form
 
 
 def applies(predictor: nn.Module, embeds: Tensor, k_cache: Tensor) -> bool:
@@ -37,7 +38,6 @@ def forward(predictor: nn.Module, embeds: Tensor, features: Tensor, positions: T
             cache: tuple[Tensor, Tensor]) -> Tensor:
     """`EaglePredictor.forward` over the paged cache (`paged_attend`'s K/V writes included): `[T, H]`."""
     c = predictor.config.layer
-    k_cache, v_cache = cache
     features = features.to(embeds.dtype)
     if predictor.config.version == 3:
         if features.shape[-1] != predictor.config.hidden_size:
@@ -50,23 +50,8 @@ def forward(predictor: nn.Module, embeds: Tensor, features: Tensor, positions: T
         x = torch.cat([embed_norm, feature_norm], dim=-1)
     else:
         residual = x = predictor.fc(torch.cat([embeds, features], dim=-1))  # QLinear quantizes its rows itself
-    qkv_proj, o_proj, mlp = predictor.qkv_proj, predictor.o_proj, predictor.mlp
-    form = input_form(qkv_proj, bias_ok=True)
+    form = input_form(predictor.qkv_proj, bias_ok=True)
     act = [x] if form == FLOAT else cpu_kernels.quantize(x, form)
-    qkv, scale = project(qkv_proj, act, form)
-    bias = qkv_proj.bias if form == ROWSCALE else None  # the other forms added their own
-    rope = predictor.rope
-    q = cpu_kernels.rope_kv(qkv, scale, bias, positions, rope.cos, rope.sin, k_cache, v_cache, ctx.slot_mapping,
-                            c.num_heads, c.num_kv_heads)
-    out = cpu_kernels.paged_attention(q, k_cache, v_cache, ctx.block_tables, ctx.prefix_lens, ctx.query_start_loc,
-                                      ctx.tree_mask, predictor.scale)
-    form = input_form(o_proj)
-    act = [out.view(out.shape[0], -1)] if form == FLOAT else cpu_kernels.quantize(out, form)
-    y, scale = project(o_proj, act, form)
-    norm = predictor.post_attention_layernorm
-    form = input_form(mlp.gate_up_proj)
-    act = cpu_kernels.rms_norm(residual, norm.weight, norm.eps, form, y, scale)  # residual += o_proj's output
-    gate_up, scale = project(mlp.gate_up_proj, act, form)
-    form = input_form(mlp.down_proj)
-    down, scale = project(mlp.down_proj, cpu_kernels.silu_mul(gate_up, scale, form), form)
+    down, scale = attend_and_mlp(predictor, predictor.mlp, predictor.post_attention_layernorm, act, form, residual,
+                                 positions, ctx, cache, predictor.rope, c.num_heads, c.num_kv_heads)
     return residual + (down if scale is None else down * scale)
