@@ -1,4 +1,4 @@
-"""`recycle[:k=8,tree=<template>,min_prob=0,pairs=16,seed=64,nodes=0]`: Token Recycling (Luo et al., 2024), speculation
+"""`recycle[:k=8,tree=<template>,min_prob=0,pairs=16,seed=16,nodes=0]`: Token Recycling (Luo et al., 2024), speculation
 from the target's own discarded logits.
 
 Each verify pass computes the target's logits at every tree node; the top-k of each node's row is written into
@@ -40,8 +40,10 @@ DEFAULT_TREE = "chain:k=2"
 # (0.6 ms on the default model): seeding a whole 300-token prompt costs 8 plain steps, and 12 such prompts at
 # once cost recycle a fifth of its throughput at batch 12 (0.78x of plain decode). The engine computes them at
 # the sequence's first draft, not at its prefill (`specdec/engine/prompt_seeds.py`): never, under a load where
-# the planner does not speculate.
-DEFAULT_SEED_ROWS = 64
+# the planner does not speculate. 16 rows, not 64: on the dev split at batch 1 (int8, AVX2) both reach tau 1.41
+# (no seeds: 1.30), and at 16 requests at once 64 rows a request cost 5% of throughput
+# (bench/results/recycle_seed_rows/).
+DEFAULT_SEED_ROWS = 16
 DEFAULT_PAIR_BITS = 16  # 65536 pair rows: 4.7 MiB beside the 3 MiB of single rows at k = 8
 
 
