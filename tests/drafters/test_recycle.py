@@ -93,11 +93,14 @@ def test_prefill_seeds_each_prompt_tokens_row_with_the_logits_at_its_position(mo
     drafter = RecycleDrafter(VOCAB, k=4)
     engine = tiny_engine(model, drafter, chain(3), prefill_chunk=4)  # chunked: seeding must follow the chunks
     prompt = [5, 1, 7, 2, 9, 3, 8, 6, 4, 10]
-    engine.add_request(prompt, SamplingParams(max_new_tokens=4, ignore_eos=True))
+    engine.add_request(prompt, SamplingParams(max_new_tokens=12, ignore_eos=True))
     while not any(s.output_ids for s in engine.sequences.values()):
         engine.step()
-    assert (drafter.matrix.table < 0).all()  # the seed rows wait for the first draft (PromptSeeds) ...
-    engine.step()  # ... which comes with the first decode step
+    assert (drafter.matrix.table < 0).all()  # the seed rows wait past the prefill (PromptSeeds) ...
+    engine.step()  # ... and past the first draft (an exploratory one, under load) ...
+    assert len(engine.seeds) == 1
+    engine.step()  # ... to the second
+    assert len(engine.seeds) == 0
     for i, token in enumerate(prompt):
         want = torch.sort(dense_next_logits(model, prompt[: i + 1]), descending=True, stable=True).indices[:4]
         np.testing.assert_array_equal(drafter.matrix.table[token], want.numpy())
@@ -126,7 +129,7 @@ def test_seeding_reads_only_the_prompts_last_rows(model):
     drafter = SeedRecording(VOCAB, k=4, seed=3)
     engine = tiny_engine(model, drafter, chain(3), prefill_chunk=4)  # positions 7 | 8 9 lie in two chunks
     prompt = [5, 1, 7, 2, 9, 3, 8, 6, 4, 10]
-    engine.add_request(prompt, SamplingParams(max_new_tokens=2, ignore_eos=True))
+    engine.add_request(prompt, SamplingParams(max_new_tokens=8, ignore_eos=True))  # two drafts at least
     run_all(engine)
     assert sorted(drafter.seeded) == [7, 8, 9]
     for i in (7, 8, 9):
