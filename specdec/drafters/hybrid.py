@@ -27,6 +27,7 @@ from specdec.drafters.registry import build_drafter, register_raw
 from specdec.drafters.scored import scored_proposals
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
+from specdec.spec_strings import parse_spec
 from specdec.tree.spec import TreeSpec, chain
 from specdec.tree.token_tree import TokenTree
 from specdec.verifier.result import VerifyResult
@@ -34,6 +35,12 @@ from specdec.verifier.result import VerifyResult
 # A three-node tree by default: on this CPU every verified row costs (issue 14). hybrid:suffix+recycle gave 1.17x
 # on the test split with it, 0.92x with the 8-node tree it used to default to.
 DEFAULT_TREE = chain(3)
+# Options a part takes inside a hybrid unless its spec gives them. Recycle's prompt seed rows (LM-head rows) buy it
+# tau alone (dev split, batch 1: 1.41 against 1.30 without), but next to suffix, which copies from the prompt
+# itself, hybrid:suffix+recycle reached tau 1.70 with them and 1.67 without, for 7.3% against 6.4% of a step
+# spent drafting (1.24x and 1.28x of plain), and 0.99x against 1.05x of plain at 16 requests at once
+# (bench/results/recycle_seed_rows/hybrid/).
+PART_DEFAULTS = {"recycle": {"seed": "0"}}
 
 
 @dataclass
@@ -125,9 +132,18 @@ def _build(text: str, ctx: DrafterContext) -> HybridDrafter:
     for spec in specs:
         if spec.split(":")[0].strip().lower() == "hybrid":
             raise ConfigError("a hybrid drafter cannot contain another hybrid")
-        drafter = build_drafter(spec, ctx)
+        drafter = build_drafter(_with_part_defaults(spec), ctx)
         parts.append((drafter.name, drafter))
     names = [n for n, _ in parts]
     if len(set(names)) != len(names):
         raise ConfigError(f"hybrid parts must be different drafters, got {'+'.join(names)}")
     return HybridDrafter(parts)
+
+
+def _with_part_defaults(spec: str) -> str:
+    """The part's spec with the PART_DEFAULTS its own options leave unset appended."""
+    name, args = parse_spec(spec, what="drafter")
+    extra = [f"{key}={value}" for key, value in PART_DEFAULTS.get(name, {}).items() if key not in args]
+    if not extra:
+        return spec
+    return spec + ("," if ":" in spec else ":") + ",".join(extra)

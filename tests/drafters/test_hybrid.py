@@ -86,3 +86,13 @@ def test_bad_hybrid_specs_are_refused(model):
         with pytest.raises(ConfigError):
             build_drafter(spec, ctx)
     assert isinstance(build_drafter("hybrid:suffix:min_prob=0.2+recycle:k=4", ctx), HybridDrafter)
+
+
+def test_recycle_inside_a_hybrid_takes_no_prompt_seeds_unless_asked(model):
+    """`seed=0` is recycle's default inside a hybrid (PART_DEFAULTS); its own option still wins."""
+    ctx = context(model)
+    parts = dict(build_drafter("hybrid:suffix+recycle", ctx).parts)
+    assert parts["recycle"].prefill_logit_rows == 0
+    hybrid = build_drafter("hybrid:suffix+recycle:k=4,seed=5", ctx)
+    assert dict(hybrid.parts)["recycle"].prefill_logit_rows == 5 and hybrid.prefill_logit_rows == 5
+    assert build_drafter("recycle", ctx).prefill_logit_rows == 16  # alone: its own default
