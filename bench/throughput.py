@@ -10,8 +10,9 @@ stopping at EOS as real requests do) run through:
 
 Levels run one after another; within a level the methods run round by round (`--rounds`, the order reversed
 every other round) and each method's tok/s is its tokens over its seconds summed over the rounds, so drift on a
-shared machine hits every method alike (single back-to-back passes moved plain decode by 15% between runs). Outputs are checked too: each of our methods' greedy text must equal our
-plain decode's (the `agree` column), so speed never hides a wrong answer.
+shared machine hits every method alike (single back-to-back passes moved plain decode by 15% between runs).
+Outputs are checked too: each of our methods' greedy text must equal our plain decode's (the `agree` column), so
+speed never hides a wrong answer.
 
     python bench/throughput.py --modes fp32,int8 --levels 1,4,16,64 --methods none,ngram,draft
 

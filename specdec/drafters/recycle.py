@@ -40,8 +40,8 @@ DEFAULT_TREE = "chain:k=2"
 # (0.6 ms on the default model): seeding a whole 300-token prompt costs 8 plain steps, and 12 such prompts at
 # once cost recycle a fifth of its throughput at batch 12 (0.78x of plain decode). The engine computes them at
 # the sequence's second draft, not at its prefill (`specdec/engine/prompt_seeds.py`): never, under a load where
-# the planner drafts for it at most once (an exploration). 16 rows, not 64: on the dev split at batch 1 (int8, AVX2) both reach tau 1.41
-# (no seeds: 1.30), and at 16 requests at once 64 rows a request cost 5% of throughput
+# the planner drafts for it at most once (an exploration). 16 rows, not 64: on the dev split at batch 1 (int8,
+# AVX2) both reach tau 1.41 (no seeds: 1.30), and at 16 requests at once 64 rows a request cost 5% of throughput
 # (bench/results/recycle_seed_rows/).
 DEFAULT_SEED_ROWS = 16
 DEFAULT_PAIR_BITS = 16  # 65536 pair rows: 4.7 MiB beside the 3 MiB of single rows at k = 8
