@@ -83,10 +83,10 @@ struct Scratch {
 
 }  // namespace
 
-// The row arithmetic twice (attention_rows.h): one query head at a time for any x86 CPU, three at a time in
-// sixteen-lane registers with AVX-512.
+// The row arithmetic twice (attention_rows.h): blocks of three query heads in AVX2's sixteen registers for any
+// x86 CPU, and in AVX-512's thirty-two where the CPU has them.
 namespace base {
-constexpr int kQueryBlock = 1;
+constexpr int kQueryBlock = 3;
 }
 namespace wide {
 constexpr int kQueryBlock = 3;

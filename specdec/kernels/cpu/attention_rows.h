@@ -1,12 +1,15 @@
-// The arithmetic of attention.cpp, included by it twice: once for every x86 CPU (namespace `base`, blocks of
-// one query head) and once compiled for AVX-512VL (namespace `wide`, blocks of kQueryBlock query heads), chosen
-// at run time. Not a header to include anywhere else.
+// The arithmetic of attention.cpp, included by it twice: once for every x86 CPU (namespace `base`, eight-lane
+// AVX2 registers) and once compiled for AVX-512VL (namespace `wide`), chosen at run time. Not a header to
+// include anywhere else.
 //
-// Why twice: AVX-512VL gives the same eight-lane instructions 32 registers instead of 16, enough to score
-// three query heads (a SmolLM2 GQA group, or three tree nodes) against eight keys at once: each key vector is
-// loaded once for all three, where one head at a time loads it three times and the loads, not the multiplies,
-// set the pace. Every (query, key) pair still goes through the same fused multiply-adds in the same order, so
-// both builds give the same bits (tests/kernels/test_int8_isa.py holds them to it).
+// Both score blocks of kQueryBlock = 3 query heads (a SmolLM2 GQA group, or three tree nodes) against the same
+// keys, so that each key vector loaded serves all three: one head at a time loads it three times, and the
+// loads, not the multiplies, set the pace (on a 2-core AVX2 EPYC, blocks of three made a 9-row tree's
+// attention 1.5-1.8x faster at 256-512 keys, and one decode row's 1.3-1.5x). AVX-512VL's 32 registers hold a
+// block's sixteen-lane accumulators for eight keys at once; AVX2's 16 take them in passes (below). Every
+// (query, key) pair still goes through the same fused multiply-adds in the same order, whatever the block, so
+// a row's bits do not depend on which rows share its block (tests/kernels/test_cpu_kernels.py) and both builds
+// give the same bits (tests/kernels/test_isa.py holds them to it).
 //
 // Expects, before inclusion: SPECDEC_ATTN_NS (the namespace), SPECDEC_ATTN_WIDE (1: AVX-512 code), kQueryBlock,
 // vec.h, dot(), hsum8(), Scratch, kKeyChunk.
@@ -57,19 +60,28 @@ inline void scores8(const float* const* q, const float* k_base, const int64_t* k
       for (int g = 0; g < G; ++g)
         acc[g][t] = (vf)_mm256_add_ps(_mm512_castps512_ps256(wide[g][t]), _mm512_extractf32x8_ps(wide[g][t], 1));
 #else
-    for (int t0 = 0; t0 < kLanes; t0 += 4) {  // four keys at a time: eight accumulators a head fit AVX2's registers
-      vf lo[G][4] = {}, hi[G][4] = {};
-      for (int64_t i = 0; i < d; i += 2 * kLanes) {
-        for (int g = 0; g < G; ++g) {
-          const vf ql = load(q[g] + i), qh = load(q[g] + i + kLanes);
-          for (int t = 0; t < 4; ++t) {
-            lo[g][t] = fma(ql, load(k[t0 + t] + i), lo[g][t]);
-            hi[g][t] = fma(qh, load(k[t0 + t] + i + kLanes), hi[g][t]);
+    // AVX2 has sixteen registers: the low and high eight lanes of each (head, key) are two passes, each
+    // holding G query vectors, one key vector and G x T accumulators, so a key vector loaded once serves every
+    // head of the block (three heads, twelve accumulators). Each accumulator's chain of multiply-adds is the
+    // one above, so the split into passes changes no bit.
+    constexpr int T = G == 1 ? kLanes : 4;  // keys a pass
+    for (int t0 = 0; t0 < kLanes; t0 += T) {
+      vf half[2][G][T];
+      for (int part = 0; part < 2; ++part) {
+        vf a[G][T] = {};
+        for (int64_t i = part * kLanes; i < d; i += 2 * kLanes) {
+          vf qv[G];
+          for (int g = 0; g < G; ++g) qv[g] = load(q[g] + i);
+          for (int t = 0; t < T; ++t) {
+            const vf kv = load(k[t0 + t] + i);
+            for (int g = 0; g < G; ++g) a[g][t] = fma(qv[g], kv, a[g][t]);
           }
         }
+        for (int g = 0; g < G; ++g)
+          for (int t = 0; t < T; ++t) half[part][g][t] = a[g][t];
       }
       for (int g = 0; g < G; ++g)
-        for (int t = 0; t < 4; ++t) acc[g][t0 + t] = lo[g][t] + hi[g][t];
+        for (int t = 0; t < T; ++t) acc[g][t0 + t] = half[0][g][t] + half[1][g][t];
     }
 #endif
   } else {
@@ -101,9 +113,9 @@ inline void scores8(const float* const* q, const float* k_base, const int64_t* k
 template <int G>
 inline void accumulate_values(const float* const* p, const float* v_base, const int64_t* keys, int64_t n, int64_t d,
                               float* const* acc) {
-  constexpr int64_t kBlock = 8 * kLanes;
   int64_t i0 = 0;
 #if SPECDEC_ATTN_WIDE
+  constexpr int64_t kBlock = 8 * kLanes;
   for (; i0 + kBlock <= d; i0 += kBlock) {
     __m512 a[G][4];
 #pragma GCC unroll 4
@@ -128,21 +140,23 @@ inline void accumulate_values(const float* const* p, const float* v_base, const 
       for (int l = 0; l < 4; ++l) _mm512_storeu_ps(acc[g] + i0 + 16 * l, a[g][l]);
   }
 #else
-  for (; i0 + kBlock <= d; i0 += kBlock) {
-    vf a[G][8];
+  // Sixteen registers: G heads x `width` vectors of accumulators, G weights and one value vector.
+  constexpr int width = G == 1 ? 8 : 4;
+  for (; i0 + width * kLanes <= d; i0 += width * kLanes) {
+    vf a[G][width];
     for (int g = 0; g < G; ++g)
-      for (int l = 0; l < 8; ++l) a[g][l] = load(acc[g] + i0 + l * kLanes);
+      for (int l = 0; l < width; ++l) a[g][l] = load(acc[g] + i0 + l * kLanes);
     for (int64_t j = 0; j < n; ++j) {
       const float* v = v_base + keys[j] + i0;
       vf pj[G];
       for (int g = 0; g < G; ++g) pj[g] = splat(p[g][j]);
-      for (int l = 0; l < 8; ++l) {
+      for (int l = 0; l < width; ++l) {
         const vf vl = load(v + l * kLanes);
         for (int g = 0; g < G; ++g) a[g][l] = fma(pj[g], vl, a[g][l]);
       }
     }
     for (int g = 0; g < G; ++g)
-      for (int l = 0; l < 8; ++l) store(acc[g] + i0 + l * kLanes, a[g][l]);
+      for (int l = 0; l < width; ++l) store(acc[g] + i0 + l * kLanes, a[g][l]);
   }
 #endif
   for (int g = 0; g < G; ++g)

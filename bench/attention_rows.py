@@ -1,0 +1,100 @@
+"""What do extra query rows cost in the CPU paged attention? One layer of SmolLM2-135M's shape, by rows and keys.
+
+    OMP_NUM_THREADS=1 python bench/attention_rows.py                      # the kernels this checkout builds
+    OMP_NUM_THREADS=1 python bench/attention_rows.py --library old.so --library new.so --rounds 4
+
+One sequence's rows (a decode row, or the nodes of a star tree: each sees the committed keys, the root and
+itself) against a committed prefix of `--contexts` keys in a paged fp32 cache, 9 query heads over 3 KV heads of
+64, one thread: microseconds per call, best of `--repeats` timings of `--calls` calls. With `--library` (a
+built `specdec_cpu_*.so`, as under ~/.cache/specdec/kernels) each library runs in its own process, the
+libraries interleaved round by round so that drift on a shared machine hits them alike; the table gives each
+one's best round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+import torch
+
+HEADS, KV_HEADS, HEAD_DIM, PAGE = 9, 3, 64, 16
+
+
+def time_calls(attention, rows: int, context: int, calls: int, repeats: int) -> float:
+    """Microseconds per call of `attention` for `rows` query rows over `context` committed keys."""
+    gen = torch.Generator().manual_seed(0)
+    blocks = (context + rows + PAGE - 1) // PAGE
+    k_cache = torch.randn(blocks, PAGE, KV_HEADS, HEAD_DIM, generator=gen)
+    v_cache = torch.randn(blocks, PAGE, KV_HEADS, HEAD_DIM, generator=gen)
+    q = torch.randn(rows, HEADS, HEAD_DIM, generator=gen)
+    table = torch.arange(blocks, dtype=torch.int32)[None]
+    prefix = torch.tensor([context], dtype=torch.int32)
+    starts = torch.tensor([0, rows], dtype=torch.int32)
+    mask = torch.tensor([[1 | (1 << r)] for r in range(rows)], dtype=torch.int32) if rows > 1 else None
+    args = (q, k_cache, v_cache, table, prefix, starts, mask, HEAD_DIM ** -0.5)
+    for _ in range(10):
+        attention(*args)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            attention(*args)
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+    return best
+
+
+def measure(library: str | None, rows: list[int], contexts: list[int], calls: int, repeats: int) -> dict:
+    torch.set_num_threads(1)
+    if library:
+        torch.ops.load_library(library)
+    else:
+        from specdec.kernels import cpu
+
+        if not cpu.available():
+            raise SystemExit("the compiled CPU kernels are not available here")
+    attention = torch.ops.specdec_cpu.paged_attention
+    return {f"{c}x{r}": time_calls(attention, r, c, calls, repeats) for c in contexts for r in rows}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,4,9")
+    parser.add_argument("--contexts", default="64,256,512")
+    parser.add_argument("--library", action="append", default=[], help="a built kernel library (repeatable)")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    rows = [int(x) for x in args.rows.split(",")]
+    contexts = [int(x) for x in args.contexts.split(",")]
+    if args.worker or not args.library:
+        result = measure(args.library[0] if args.library else None, rows, contexts, args.calls, args.repeats)
+        if args.worker:
+            print(json.dumps(result))
+            return
+        results = {"this checkout": result}
+    else:
+        results: dict[str, dict] = {}
+        for _ in range(args.rounds):
+            for library in args.library:
+                out = subprocess.run([sys.executable, __file__, "--worker", "--library", library, "--rows", args.rows,
+                                      "--contexts", args.contexts, "--calls", str(args.calls),
+                                      "--repeats", str(args.repeats)], check=True, capture_output=True, text=True)
+                got = json.loads(out.stdout)
+                best = results.setdefault(library, got)
+                for key, value in got.items():
+                    best[key] = min(best[key], value)
+    keys = [f"{c}x{r}" for c in contexts for r in rows]
+    print("| kernels | " + " | ".join(f"{k.split('x')[0]} keys, {k.split('x')[1]} rows (us)" for k in keys) + " |")
+    print("|---|" + "---|" * len(keys))
+    for name, result in results.items():
+        print(f"| {name} | " + " | ".join(f"{result[k]:.1f}" for k in keys) + " |")
+
+
+if __name__ == "__main__":
+    main()
