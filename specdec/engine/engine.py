@@ -183,7 +183,7 @@ class Engine:
 
     def _planned_trees(self, seqs: list[Sequence], prefill_tokens: int) -> list[TokenTree]:
         if self.nodes is not None:
-            self.seeds.hand_over(seqs)
+            self.seeds.hand_over(seqs, len(seqs))
             return self.nodes.trees(seqs, prefill_tokens)
         # Closed: no request can arrive, and every waiting one will get a slot (it waits for prefill budget, not
         # for a sequence to finish), so finishing early frees nothing anyone uses.
@@ -202,7 +202,7 @@ class Engine:
             # suffix trie's indexing): a once-per-request cost, not a price per depth. Priced in, it made a
             # 0.5B draft look 4x dearer than it is, and the plan went without speculation for EXPLORE_AFTER steps.
             first = any(not seq.metrics.proposed_by_depth for seq in drafting)
-            self.seeds.hand_over(drafting)  # also once a request: before the clock, like the first proposal
+            self.seeds.hand_over(drafting, len(seqs))  # once a request: before the clock, like the first proposal
             start = time.perf_counter()
             proposed = self.drafter.propose(drafting, self.tree.limited(deepest))
             if not first:
