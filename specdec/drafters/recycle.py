@@ -114,16 +114,26 @@ class RecycleDrafter(DrafterBase):
     def observe_verified(self, seqs: list[Sequence], trees: list[TokenTree], logits: list[Tensor],
                          results: list[VerifyResult]) -> None:
         """Recycle every verified row into the matrix, the accepted path last (its context really happened)."""
+        if not seqs:
+            return
+        # Each row's top-k straight from the verify pass's logits, then put in order (k numbers a row: the rows
+        # of logits themselves, 200 KB each, are never gathered). One kernel call for the whole batch where the
+        # rows lie in one buffer, as the runner's slices do: at 64 one-row sequences a call per sequence cost
+        # 8.6 ms a step, against 4.1 ms for the top-k itself.
+        joined = _joined_rows(logits)
+        if joined is not None:
+            all_probs, all_ids = self.matrix.top(joined)
+            bounds = np.cumsum([0] + [int(rows.shape[0]) for rows in logits])
+            tops = [(all_probs[a:b], all_ids[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        else:
+            tops = [self.matrix.top(rows) for rows in logits]
         tokens, prevs, probs, ids = [], [], [], []
-        for seq, tree, row_logits, result in zip(seqs, trees, logits, results):
+        for seq, tree, (top_probs, top_ids), result in zip(seqs, trees, tops, results):
             accepted = result.accepted_nodes
             on_path = set(accepted)
             index = np.array([i for i in range(len(tree)) if i not in on_path] + accepted, dtype=np.int64)
             node_tokens = tree.tokens.cpu().numpy()
             before = np.concatenate([[_before_last(seq)], node_tokens[tree.parents[1:].cpu().numpy()]])
-            # Each row's top-k straight from the verify pass's logits, then put in order (k numbers a row: the
-            # rows of logits themselves, 200 KB each, are never gathered).
-            top_probs, top_ids = self.matrix.top(row_logits)
             tokens.append(node_tokens[index])
             prevs.append(before[index])
             probs.append(top_probs[index])
@@ -132,6 +142,22 @@ class RecycleDrafter(DrafterBase):
             self.matrix.write(*(np.concatenate(parts) for parts in (tokens, ids, probs, prevs)))
 
     # no per-sequence state: the matrix is shared, and updated in observe_verified (commit/release: DrafterBase)
+
+
+def _joined_rows(parts: list[Tensor]) -> Tensor | None:
+    """`parts` as one `[N, V]` tensor without a copy when they are consecutive row ranges of one buffer, in
+    order (the runner slices each chunk's logits out of the forward's), else None."""
+    first = parts[0]
+    if first.dim() != 2:
+        return None
+    storage, row_bytes = first.untyped_storage().data_ptr(), first.shape[1] * first.element_size()
+    at = first.data_ptr()
+    for part in parts:
+        if (part.dim() != 2 or not part.is_contiguous() or part.dtype != first.dtype or part.shape[1] != first.shape[1]
+                or part.untyped_storage().data_ptr() != storage or part.data_ptr() != at):
+            return None
+        at += part.shape[0] * row_bytes
+    return first.as_strided((sum(int(part.shape[0]) for part in parts), first.shape[1]), (first.shape[1], 1))
 
 
 def _before_last(seq: Sequence) -> int:

@@ -166,3 +166,37 @@ def test_an_idle_planner_seeds_no_prompt_rows_and_reads_no_verified_logits(model
     assert (drafter.matrix.table < 0).all()  # never drafted for: never seeded (PromptSeeds)
     assert drafter.steps == []
     assert len(engine.seeds) == 0  # the finished sequence's kept rows are gone
+
+
+def test_joined_rows_is_a_view_only_of_consecutive_slices_of_one_buffer():
+    """The batch's top-k runs in one call only where the sequences' logits are consecutive rows of one tensor."""
+    from specdec.drafters.recycle import _joined_rows
+
+    buffer = torch.randn(9, VOCAB)
+    parts = [buffer[0:1], buffer[1:4], buffer[4:5]]
+    joined = _joined_rows(parts)
+    assert joined is not None and joined.data_ptr() == buffer.data_ptr()
+    assert torch.equal(joined, buffer[:5])
+    assert _joined_rows([buffer[0:1], buffer[2:4]]) is None  # a gap
+    assert _joined_rows([buffer[1:4], buffer[0:1]]) is None  # out of order
+    assert _joined_rows([buffer[0:1], buffer[1:4].clone()]) is None  # another buffer
+    assert _joined_rows([buffer[0:2, :5], buffer[2:4, :5]]) is None  # not whole rows
+
+
+def test_recycling_a_batch_in_one_call_writes_what_one_call_per_sequence_writes():
+    from types import SimpleNamespace
+
+    from specdec.tree.token_tree import TokenTree
+    from specdec.verifier.result import VerifyResult
+
+    gen = torch.Generator().manual_seed(3)
+    buffer = torch.randn(7, VOCAB, generator=gen)
+    seqs = [SimpleNamespace(output_ids=[4, 9], token_ids=[1, 4, 9]), SimpleNamespace(output_ids=[], token_ids=[2, 6])]
+    trees = [TokenTree.from_parents([9, 3, 5, 8], [-1, 0, 0, 1]), TokenTree.from_parents([6, 1, 2], [-1, 0, 1])]
+    results = [VerifyResult([0, 1, 3], [3, 8, 0], 0), VerifyResult([0], [7], 7)]
+    joined, apart = RecycleDrafter(VOCAB, k=4), RecycleDrafter(VOCAB, k=4)
+    joined.observe_verified(seqs, trees, [buffer[0:4], buffer[4:7]], results)
+    apart.observe_verified(seqs, trees, [buffer[0:4].clone(), buffer[4:7].clone()], results)
+    for name in ("table", "probs", "pair_keys", "pair_table", "pair_probs"):
+        np.testing.assert_array_equal(getattr(joined.matrix, name), getattr(apart.matrix, name))
+    assert (joined.matrix.table[[9, 3, 8, 6]] >= 0).all()
