@@ -31,10 +31,11 @@ smallest measurement, flat above a single one), so the planner tries such a step
 costs, rather than guessing from a model of the hardware. Measured prices follow the fastest recent steps
 (timing noise only ever adds), and after `EXPLORE_AFTER` steps without speculation one sequence drafts its full
 tree once, so that a price measured during a stall is measured again (then after twice as many, up to
-`EXPLORE_MAX`, while explorations change nothing). Greedy outputs never depend on the plan:
-a shorter tree changes speed, never tokens. A *seeded*
-sampled request is different: which random numbers it draws depends on its tree's shape, so to give the same
-output whatever runs beside it, it always gets the full tree (it is pinned, and only priced in).
+`EXPLORE_MAX`, while explorations change nothing); the other way round, a plain step's price that speculation
+has left unmeasured for `REMEASURE_AFTER` steps is timed again by one plain step. Greedy outputs never depend on
+the plan: a shorter tree changes speed, never tokens. A *seeded* sampled request is different: which random
+numbers it draws depends on its tree's shape, so to give the same output whatever runs beside it, it always gets
+the full tree (it is pinned, and only priced in).
 """
 
 from __future__ import annotations
@@ -59,6 +60,18 @@ EXPLORE_AFTER = 16
 # exploring every 16 plans cost suffix a tenth of its throughput at concurrency 4 (0.89x of plain decode, 1.01x
 # with exploration off). A plan that chooses speculation on its own restores EXPLORE_AFTER.
 EXPLORE_MAX = 16 * EXPLORE_AFTER
+# A price goes stale where nothing measures it again: at 64 requests at once the first decode step after a burst of
+# prefills (fresh KV pages to fault in) priced plain decode at 517 ms a step, every later plan speculated (so no
+# step of that width was timed again) and a 95-token step (486 ms) looked cheaper than the 64-token one (340 ms
+# in truth): `hybrid:suffix+recycle` verified 40 extra rows a step for 25 tokens and ran at 0.87x of plain decode.
+# So when the measured width nearest the plan's plain step is older than this many observations, the plan is plain
+# decode once, to time it again; each re-measurement that finds the price within REMEASURE_TOLERANCE doubles the
+# wait (up to REMEASURE_MAX), one that finds it moved restores this. The tolerance is wider than this VM's
+# step-to-step noise (15-40% between runs, less within one), so that at batch 1, where speculation runs every step,
+# a held price soon stops costing plain steps.
+REMEASURE_AFTER = 16
+REMEASURE_MAX = 16 * REMEASURE_AFTER
+REMEASURE_TOLERANCE = 0.25
 # Node planning's measured gain is a long-run average: retrieval drafters win in bursts (a copied span) between
 # runs of steps with nothing to propose, and a short average dipped below the drafting cost after a few empty
 # steps and skipped the next burst (suffix fell from 1.31x to 1.17x at batch 1 with a decay of 1/4).
@@ -83,6 +96,8 @@ class StepCost:
         self.decay = decay
         self._buckets: dict[int, list[float]] = {}  # bucket -> [mean tokens, mean seconds]
         self._points: list[tuple[float, float]] | None = None  # sorted view, rebuilt after an observation
+        self._clock = 0  # observations so far
+        self._seen: dict[int, int] = {}  # bucket -> the clock at its last observation
 
     @staticmethod
     def _bucket(n: int) -> int:
@@ -95,19 +110,37 @@ class StepCost:
         collection, another process) makes it slower, by up to seconds on a shared machine. So a faster step
         is believed at once and a slower one only partly, and one stall cannot hold a bucket's price up for
         longer than the next measurement of it.
+
+        A bucket spans widths (104 and 116 tokens share one), and a wider step is slower for its width, not
+        for a stall: compared as they came, the narrower steps' times won and the bucket priced its mean width
+        at the narrow end's time, so the slope to the next bucket, the price of extra rows, came out about half
+        the truth at 64 requests at once. So times are compared in proportion to width: the observation and
+        the bucket's price are both scaled to the bucket's new mean width first.
         """
         key = self._bucket(tokens)
+        self._clock += 1
+        self._seen[key] = self._clock
         entry = self._buckets.get(key)
         if entry is None:
             self._buckets[key] = [float(tokens), seconds]
         else:
-            entry[0] += self.decay * (tokens - entry[0])
-            entry[1] = seconds if seconds < entry[1] else entry[1] + self.decay * (seconds - entry[1])
+            width = entry[0] + self.decay * (tokens - entry[0])
+            price, seen = entry[1] * width / entry[0], seconds * width / max(tokens, 1)
+            entry[0] = width
+            entry[1] = seen if seen < price else price + self.decay * (seen - price)
         self._points = None
 
     @property
     def known(self) -> bool:
         return bool(self._buckets)
+
+    def age(self, tokens: float) -> int:
+        """Observations since the measured width nearest to `tokens` was last observed (0 if none is): how
+        old the price is that `predict(tokens)` leans on most."""
+        if not self._buckets:
+            return 0
+        key = min(self._buckets, key=lambda k: abs(self._buckets[k][0] - tokens))
+        return self._clock - self._seen[key]
 
     def measured_up_to(self) -> float:
         """The most tokens of any measured step (0 if none): predictions above it are extrapolations."""
@@ -146,6 +179,8 @@ class SpeculationPlanner:
         self._skipped = 0  # node planning: steps in a row that skipped drafting
         self._explore_every = EXPLORE_AFTER  # idle plans before the next exploration (doubles, `EXPLORE_MAX`)
         self._draft_explore_every = EXPLORE_AFTER  # the same for skipped drafting (node planning)
+        self._remeasure_every = REMEASURE_AFTER  # observations before a plain price is timed again (doubles)
+        self._remeasuring: tuple[int, float] | None = None  # (tokens, predicted seconds) of a re-measurement
 
     @property
     def idle(self) -> bool:
@@ -157,6 +192,12 @@ class SpeculationPlanner:
 
     # ----------------------------------------------------------------------------------------- observations
     def observe_forward(self, tokens: int, seconds: float, prefill_tokens: int = 0) -> None:
+        if self._remeasuring is not None and not prefill_tokens:
+            planned, predicted = self._remeasuring
+            self._remeasuring = None
+            if tokens == planned:  # the plain step the plan asked for: was the price it had right?
+                moved = abs(seconds - predicted) > REMEASURE_TOLERANCE * predicted
+                self._remeasure_every = REMEASURE_AFTER if moved else min(2 * self._remeasure_every, REMEASURE_MAX)
         (self.mixed_cost if prefill_tokens else self.cost).observe(tokens, seconds)
 
     def observe_draft(self, depth: int, seconds: float, num_seqs: int = 1) -> None:
@@ -207,6 +248,8 @@ class SpeculationPlanner:
         `waiting_left` is then the most tokens a sequence not yet running has to go."""
         if not seqs or spec.depth == 0:
             return [0] * len(seqs)
+        if self._remeasure(seqs, prefill_tokens):
+            return [spec.depth if is_pinned(seq) else 0 for seq in seqs]
         cost, prefill_tokens = self._decode_cost(prefill_tokens)
         if cost is None:  # nothing measured yet: speculate fully once and learn (in a closed batch, on one sequence)
             return [spec.depth if not closed or i == 0 or is_pinned(seq) else 0 for i, seq in enumerate(seqs)]
@@ -309,6 +352,8 @@ class SpeculationPlanner:
         can only say how deep a sequence's history says it should go."""
         if not seqs:
             return []
+        if self._remeasure(seqs, prefill_tokens):
+            return [len(p) if is_pinned(seq) else 0 for p, seq in zip(probs, seqs)]
         cost, prefill_tokens = self._decode_cost(prefill_tokens)
         if cost is None:
             return [len(p) for p in probs]  # nothing measured yet: verify every drafted node once and learn
@@ -392,6 +437,14 @@ class SpeculationPlanner:
         if self.mixed_cost.known:
             return self.mixed_cost, prefill_tokens
         return None, prefill_tokens
+
+    def _remeasure(self, seqs: list[Sequence], prefill_tokens: int) -> bool:
+        """Is this step's plain price stale (`REMEASURE_AFTER`)? Then the plan is plain decode, and the step
+        times it again. Only decode-only steps re-measure (a prefill's step is priced on another curve)."""
+        if prefill_tokens or not self.cost.known or self.cost.age(len(seqs)) <= self._remeasure_every:
+            return False
+        self._remeasuring = (len(seqs), self.cost.predict(len(seqs)))
+        return True
 
     def _explore_if_idle(self, chosen: list[int], likelihood: list[float], full: list[int]) -> list[int]:
         """After `EXPLORE_AFTER` plans in a row without speculation, the likeliest sequence gets its full tree

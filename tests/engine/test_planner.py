@@ -301,3 +301,72 @@ def test_a_closed_batch_learns_its_price_on_one_sequence_and_keeps_seeded_trees_
     seqs = [seq(0), seq(1), seq(2, temperature=0.8, seed=1)]
     assert p.plan(seqs, chain(3), closed=True) == [3, 0, 3]
     assert p.plan(seqs, chain(3)) == [3, 3, 3]
+
+
+def test_step_cost_age_counts_observations_since_the_nearest_width_was_timed():
+    cost = StepCost()
+    assert cost.age(64) == 0  # nothing measured: nothing stale
+    cost.observe(64, 0.5)
+    for _ in range(5):
+        cost.observe(96, 0.48)
+    assert cost.age(64) == 5 and cost.age(62) == 5  # 62 leans on the 64-token price
+    assert cost.age(95) == 0
+    cost.observe(64, 0.34)
+    assert cost.age(64) == 0 and cost.age(96) == 1
+
+
+def stale_plain_price(p: SpeculationPlanner, spec_steps: int) -> None:
+    """The c64 failure: the first 64-token decode step timed during a stall (0.52 s; 0.34 s in truth), then only
+    speculating steps of 80-128 tokens, each timed at its true 5 ms a token."""
+    p.observe_forward(64, 0.52)
+    for i in range(spec_steps):
+        tokens = 80 + (i * 12) % 48
+        p.observe_forward(tokens, 0.005 * tokens)
+
+
+def test_a_stale_plain_price_is_timed_again_and_then_speculation_stops_where_rows_do_not_pay():
+    from specdec.engine.planner import REMEASURE_AFTER
+
+    p = SpeculationPlanner()
+    stale_plain_price(p, REMEASURE_AFTER)
+    seqs = [seq(i, [6, 5, 5], [10] * 3) for i in range(64)]  # about 0.6 accepted a row: a row costs 1.0
+    assert any(p.plan(seqs, chain(3)))  # the stale price makes 40 extra rows look cheaper than none
+    p.observe_forward(100, 0.5)
+    plan = p.plan(seqs, chain(3))
+    assert plan == [0] * 64  # older than REMEASURE_AFTER: plain decode once, to time it
+    p.observe_forward(64, 0.005 * 64)
+    assert p.plan(seqs, chain(3)) == [0] * 64  # the true price: rows at 0.6 tokens each do not pay
+    assert p.cost.predict(64) == pytest.approx(0.32)
+
+
+def test_re_measuring_waits_longer_while_prices_hold_and_not_at_all_for_prefill_steps():
+    from specdec.engine.planner import REMEASURE_AFTER, REMEASURE_MAX
+
+    p = planner(cost_per_token=0.0001)  # cheap rows: every plan speculates, nothing is stale yet
+    seqs = [seq(i, [9, 8, 7], [10] * 3) for i in range(4)]
+    waits = []
+    for _ in range(3):
+        steps = 0
+        while any(p.plan(seqs, chain(3))):
+            p.observe_forward(4 + 12, 0.02 + 0.0001 * 16)  # each speculating step times a 16-token width
+            steps += 1
+        waits.append(steps)
+        p.observe_forward(4, 0.02 + 0.0001 * 4)  # the re-measurement finds the price it had
+    # the first wait counts from the helper's own measurements; then each held price doubles it
+    assert waits[0] <= REMEASURE_AFTER + 1
+    assert waits[1] == 2 * REMEASURE_AFTER + 1 and waits[2] == 4 * REMEASURE_AFTER + 1
+    for _ in range(REMEASURE_MAX + 1):  # the wait is 8x the first by now; never past REMEASURE_MAX
+        p.observe_forward(16, 0.02 + 0.0001 * 16)
+    assert any(p.plan(seqs, chain(3), prefill_tokens=30))  # a step that prefills does not re-measure
+    assert p.plan(seqs, chain(3)) == [0] * 4
+    p.observe_forward(4, 0.05)  # the price had moved: the next re-measurement comes after the short wait again
+    assert p._remeasure_every == REMEASURE_AFTER
+
+
+def test_seeded_sampled_requests_keep_their_trees_while_a_price_is_re_measured():
+    from specdec.engine.planner import REMEASURE_AFTER
+
+    p = SpeculationPlanner()
+    stale_plain_price(p, REMEASURE_AFTER + 1)
+    seqs = [seq(0, [6, 5, 5], [10] * 3, temperature=0.8, seed=1), seq(1, [6, 5, 5], [10] * 3)]
+    assert p.plan(seqs, chain(3)) == [3, 0]
