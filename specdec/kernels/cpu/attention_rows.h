@@ -5,11 +5,12 @@
 // Both score blocks of kQueryBlock = 3 query heads (a SmolLM2 GQA group, or three tree nodes) against the same
 // keys, so that each key vector loaded serves all three: one head at a time loads it three times, and the
 // loads, not the multiplies, set the pace (on a 2-core AVX2 EPYC, blocks of three made a 9-row tree's
-// attention 1.5-1.8x faster at 256-512 keys, and one decode row's 1.3-1.5x). AVX-512VL's 32 registers hold a
-// block's sixteen-lane accumulators for eight keys at once; AVX2's 16 take them in passes (below). Every
-// (query, key) pair still goes through the same fused multiply-adds in the same order, whatever the block, so
-// a row's bits do not depend on which rows share its block (tests/kernels/test_cpu_kernels.py) and both builds
-// give the same bits (tests/kernels/test_isa.py holds them to it).
+// attention 1.42-1.46x faster at 256-512 keys, one decode row's 1.03-1.26x; bench/attention_rows.py).
+// AVX-512VL's 32 registers hold a block's sixteen-lane accumulators for eight keys at once; AVX2's 16 take them
+// in passes (below). Every (query, key) pair still goes through the same fused multiply-adds in the same order,
+// whatever the block, so a row's bits do not depend on which rows share its block
+// (tests/kernels/test_cpu_kernels.py) and both builds give the same bits (tests/kernels/test_isa.py holds them
+// to it).
 //
 // Expects, before inclusion: SPECDEC_ATTN_NS (the namespace), SPECDEC_ATTN_WIDE (1: AVX-512 code), kQueryBlock,
 // vec.h, dot(), hsum8(), Scratch, kKeyChunk.
