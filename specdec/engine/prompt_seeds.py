@@ -61,8 +61,9 @@ class PromptSeeds:
         requests at once (0.96x of plain decode with seeds, 1.00x without). At batch 1 the seeds arrive
         one step later.
 
-        `max_rows` (0: no limit) caps the LM-head rows of one call, past the first sequence's: the engine
-        passes the step's batch width, so seeding never costs a step more LM-head rows than it decodes. At
+        `max_rows` (0: no limit) caps the LM-head rows of one call, past the first sequence's: where the
+        planner decides (depth or node planning) the engine passes the step's batch width, so seeding never
+        costs such a step more LM-head rows than it decodes (with adaptive speculation off it passes none). At
         64 requests at once the planner's first plans drafted for 36 sequences together, and their 576 seed
         rows took 0.8 s, more than two whole steps; a sequence over the cap keeps its rows for a later
         draft (at batch 1 nothing changes: the first sequence always gets all of its rows)."""

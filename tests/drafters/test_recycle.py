@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec.config import SamplingParams
-from specdec.drafters.recycle import RecycleDrafter
+from specdec.drafters.recycle import RecycleDrafter, _joined_rows
 from specdec.engine.runner import Chunk, ModelRunner
 from specdec.kvcache import BlockTable
 from specdec.tree.spec import TreeSpec, chain, parse_tree_spec
@@ -170,8 +170,6 @@ def test_an_idle_planner_seeds_no_prompt_rows_and_reads_no_verified_logits(model
 
 def test_joined_rows_is_a_view_only_of_consecutive_slices_of_one_buffer():
     """The batch's top-k runs in one call only where the sequences' logits are consecutive rows of one tensor."""
-    from specdec.drafters.recycle import _joined_rows
-
     buffer = torch.randn(9, VOCAB)
     parts = [buffer[0:1], buffer[1:4], buffer[4:5]]
     joined = _joined_rows(parts)
