@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--split", default="test", choices=("dev", "test"))
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--methods", default=METHODS, help="';'-separated drafter specs, 'none' first")
+    parser.add_argument("--methods", default=METHODS, help="';'-separated 'drafter[|tree]' specs, 'none' first")
     parser.add_argument("--no-adaptive", action="store_true", help="planner off: every step verifies the full tree "
                                                                      "(tau of the drafter alone)")
     parser.add_argument("--out", type=Path, default=None)
@@ -49,7 +49,8 @@ def main() -> None:
     for n, (category, prompt) in enumerate(prompts):
         reference = None
         for method in methods:
-            llm.use(method)  # a fresh drafter: what a new process starts from
+            drafter, _, tree = method.partition("|")
+            llm.use(drafter, tree or None)  # a fresh drafter: what a new process starts from
             start = time.perf_counter()
             out = llm.generate([prompt], params)[0]
             seconds = time.perf_counter() - start
