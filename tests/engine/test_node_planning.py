@@ -73,7 +73,9 @@ def test_node_planning_is_an_opt_in_option_of_the_lookup_drafters():
     from specdec.drafters.registry import build_drafter
     from specdec.errors import ConfigError
 
-    ctx = SimpleNamespace(target=SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace(vocab_size=VOCAB))))
+    # a target with no alias: recycle's warm=default finds no shipped matrix and starts empty
+    model = SimpleNamespace(config=SimpleNamespace(vocab_size=VOCAB))
+    ctx = SimpleNamespace(target=SimpleNamespace(source="dummy:stub", model=model))
     for name in ("suffix", "ngram", "recycle"):
         assert not build_drafter(name, ctx).plans_by_node
         assert build_drafter(f"{name}:nodes=1", ctx).plans_by_node
