@@ -40,7 +40,8 @@ def main() -> None:
     torch.set_num_threads(1)
     methods = args.methods.split(";")
     records = bench_prompts(split=args.split)
-    prompts = [(c, r["prompt"]) for c in CATEGORIES for r in [r for r in records if r["category"] == c][: args.per_category]]
+    prompts = [(c, r["prompt"]) for c in CATEGORIES
+               for r in [r for r in records if r["category"] == c][: args.per_category]]
     llm = LLM("smollm2-135m", quantize="int8", show_progress=False, num_threads=1,
               engine_config=EngineConfig(adaptive_speculation=not args.no_adaptive))
     params = SamplingParams(max_new_tokens=args.new_tokens)
@@ -69,13 +70,15 @@ def main() -> None:
         speed = t["tokens"] / t["seconds"]
         rows.append({"method": method, "tok_s": round(speed, 2),
                      "speedup": round(speed / (plain["tokens"] / plain["seconds"]), 3),
-                     "tau": round(t["accepted"] / max(1, t["steps"]), 3), "same_as_plain": f"{t['same']}/{len(prompts)}"})
+                     "tau": round(t["accepted"] / max(1, t["steps"]), 3),
+                     "same_as_plain": f"{t['same']}/{len(prompts)}"})
     command = (f"OMP_NUM_THREADS=1 python bench/recycle_warm.py --split {args.split} --per-category "
                f"{args.per_category} --new-tokens {args.new_tokens} --methods '{args.methods}'"
                + (" --no-adaptive" if args.no_adaptive else ""))
     lines = [f"Command: `{command}`", "", f"{len(prompts)} {args.split} prompts, each method on a fresh drafter per "
              f"request, interleaved; {time.strftime('%Y-%m-%d %H:%M')}.", "",
-             f"| method | tok/s | over plain | tau (planner {'off' if args.no_adaptive else 'on'}) | same output as plain |", "|---|---|---|---|---|"]
+             f"| method | tok/s | over plain | tau (planner {'off' if args.no_adaptive else 'on'}) | same output as "
+             "plain |", "|---|---|---|---|---|"]
     lines += [f"| {r['method']} | {r['tok_s']} | {r['speedup']:.2f}x | {r['tau']:.2f} | {r['same_as_plain']} |"
               for r in rows]
     out = args.out or RESULTS / (args.split + ("_full_trees" if args.no_adaptive else ""))

@@ -1,5 +1,5 @@
-"""`recycle[:k=8,tree=<template>,min_prob=0,pairs=16,seed=16,warm=default,nodes=0]`: Token Recycling (Luo et al., 2024), speculation
-from the target's own discarded logits.
+"""`recycle[:k=8,tree=<template>,min_prob=0,pairs=16,seed=16,warm=default,nodes=0]`: Token Recycling (Luo et al.,
+2024), speculation from the target's own discarded logits.
 
 Each verify pass computes the target's logits at every tree node; the top-k of each node's row is written into
 the adjacency matrix row of that node's token, with the probabilities the target gave them

@@ -135,12 +135,17 @@ class AdjacencyMatrix:
         if self.pair_bits and prev is not None:
             before = prev.astype(np.int64, copy=False)
             has = np.flatnonzero(before >= 0)
-            keys = before[has] * self.vocab_size + ids[has]
-            slots = self._slots(keys)
-            last = _last_occurrences(slots)
-            self.pair_keys[slots[last]] = keys[last]
-            self.pair_table[slots[last]] = succ[has][last]
-            self.pair_probs[slots[last]] = probs[has][last]
+            self._write_pairs(before[has] * self.vocab_size + ids[has], succ[has], probs[has])
+
+    def _write_pairs(self, keys: np.ndarray, succ: np.ndarray, probs: np.ndarray) -> None:
+        """Pair rows `keys [N]` (prev * V + token) := `succ`, `probs` (`[N, <= k]`) in their hashed slots; two
+        keys on one slot: the later wins."""
+        slots = self._slots(keys)
+        last = _last_occurrences(slots)
+        width = succ.shape[1]
+        self.pair_keys[slots[last]] = keys[last]
+        self.pair_table[slots[last], :width] = succ[last]
+        self.pair_probs[slots[last], :width] = probs[last]
 
     def seen(self) -> dict[str, np.ndarray]:
         """The rows ever written, as arrays (what `recycle_store.save_matrix` keeps): single rows by token id,
@@ -159,11 +164,7 @@ class AdjacencyMatrix:
         self.table[rows, :k] = succ[:, :k]
         self.probs[rows, :k] = probs[:, :k]
         if self.pair_bits and pair_keys.shape[0]:
-            slots = self._slots(pair_keys.astype(np.int64))
-            last = _last_occurrences(slots)
-            self.pair_keys[slots[last]] = pair_keys[last]
-            self.pair_table[slots[last], :k] = pair_succ[last, :k]
-            self.pair_probs[slots[last], :k] = pair_probs[last, :k]
+            self._write_pairs(pair_keys.astype(np.int64), pair_succ[:, :k], pair_probs[:, :k])
 
     # ------------------------------------------------------------------------------------------------ reads
     def rows(self, prev: np.ndarray, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

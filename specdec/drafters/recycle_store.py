@@ -36,17 +36,20 @@ def shipped_matrix(alias: str | None) -> Path | None:
     return path if path.is_file() else None
 
 
-def save_matrix(matrix: AdjacencyMatrix, path: Path, fingerprint: str, info: dict | None = None) -> None:
-    """Write the rows `matrix` has seen to `path` (atomically: a reader never sees half a file)."""
+def save_matrix(matrix: AdjacencyMatrix, path: Path, fingerprint: str, info: dict | None = None) -> dict:
+    """Write the rows `matrix` has seen to `path` (atomically: a reader never sees half a file); returns how
+    many token rows and pair rows it wrote (also in the file's metadata)."""
     seen = matrix.seen()
+    counts = {"rows": int(seen["rows"].shape[0]), "pair_rows": int(seen["pair_keys"].shape[0])}
     meta = {"format": FORMAT, "vocab_size": matrix.vocab_size, "k": matrix.k, "tokenizer_sha256": fingerprint,
-            **(info or {})}
+            **(info or {}), **counts}
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     with open(partial, "wb") as handle:
         np.savez_compressed(handle, meta=np.array(json.dumps(meta)), **{
             name: array.astype(_STORED.get(name, array.dtype), copy=False) for name, array in seen.items()})
     partial.replace(path)
+    return counts
 
 
 def load_matrix(matrix: AdjacencyMatrix, path: Path, fingerprint: str) -> dict:

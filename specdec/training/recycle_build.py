@@ -38,8 +38,8 @@ def learn_matrix(llm: Any, prompts: list[tuple[str, list[int]]], new_tokens: int
     """Answer `prompts` (record id, prompt token ids; chat template applied) with `llm`, whose drafter must
     be `recycle`, `concurrency` at a time, until `target_tokens` answer tokens (0: all)."""
     tally = AnswerTally()
-    build_corpus(tally, prompts, engine_generator(llm, new_tokens), concurrency, target_tokens,  # type: ignore[arg-type]
-                 progress)
+    generate = engine_generator(llm, new_tokens)
+    build_corpus(tally, prompts, generate, concurrency, target_tokens, progress)  # type: ignore[arg-type]
     return tally
 
 
@@ -48,9 +48,5 @@ def save_learned(llm: Any, out: Path, info: dict) -> dict:
     from specdec.drafters.recycle_store import save_matrix
     from specdec.training.corpus_store import tokenizer_fingerprint
 
-    matrix = llm.drafter.matrix
-    seen = matrix.seen()
-    counts = {"rows": int(seen["rows"].shape[0]), "pair_rows": int(seen["pair_keys"].shape[0])}
     vocab = llm.model.config.vocab_size
-    save_matrix(matrix, out, tokenizer_fingerprint(llm.tokenizer, vocab), {**info, **counts})
-    return counts
+    return save_matrix(llm.drafter.matrix, out, tokenizer_fingerprint(llm.tokenizer, vocab), info)
