@@ -1,12 +1,15 @@
 """How much int8 (dynamic W8A8) changes the default model: agreement with fp32 and log-likelihood.
 
     python bench/int8_quality.py --per-category 2 --new-tokens 64
+    python bench/int8_quality.py --per-category 2 --new-tokens 64 --quantize int8,int7 \
+        --out bench/results/int7_quality.json
 
 For each prompt, the fp32 model writes its greedy answer. Then both models score that same text, teacher-forced:
 * greedy agreement: the fraction of answer positions where the int8 model's argmax equals the fp32 greedy token
   (fp32 agrees with itself by construction);
 * mean log-likelihood per answer token of the fp32 greedy text under each model (closer to fp32's is better).
-Also reported: how many answers, generated freely by int8, are identical to fp32's.
+Also reported: how many answers, generated freely by int8, are identical to fp32's. `--quantize` names the
+formats to score (each gets its own keys, `_int7` and so on, past the first).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--split", default="dev")
+    parser.add_argument("--quantize", default="int8", help="comma list of weight formats (int8, int7, int4)")
     parser.add_argument("--out", type=Path, default=RESULTS / "int8_quality.json")
     args = parser.parse_args()
     console = Console()
@@ -50,32 +54,35 @@ def main() -> None:
     for category in CATEGORIES:
         prompts += [p["prompt"] for p in bench_prompts([category], split=args.split)[: args.per_category]]
     fp32 = LLM("smollm2-135m", show_progress=False)
-    int8 = LLM("smollm2-135m", quantize="int8", show_progress=False)
+    formats = args.quantize.split(",")
+    quantized = {q: LLM("smollm2-135m", quantize=q, show_progress=False) for q in formats}
     params = SamplingParams(max_new_tokens=args.new_tokens)
-    agree = total = same_answers = 0
-    ll_fp32, ll_int8 = [], []
+    total = 0
+    agree, same_answers, ll = dict.fromkeys(formats, 0), dict.fromkeys(formats, 0), {q: [] for q in ["fp32", *formats]}
     with console.status("scoring") as status:
         for i, prompt in enumerate(prompts):
             status.update(f"prompt {i + 1}/{len(prompts)}")
             ids = fp32.encode(prompt)
             answer = fp32.generate([ids], params)[0].token_ids
-            free_int8 = int8.generate([ids], params)[0].token_ids
-            same_answers += answer == free_int8
-            argmax_int8, lp_int8 = score(int8, ids, answer)
-            _, lp_fp32 = score(fp32, ids, answer)
-            agree += int((argmax_int8 == torch.tensor(answer)).sum())
             total += len(answer)
-            ll_fp32.append(float(lp_fp32.mean()))
-            ll_int8.append(float(lp_int8.mean()))
-    result = {
-        "prompts": len(prompts), "answer_tokens": total,
-        "greedy_agreement": agree / total,
-        "identical_free_answers": same_answers / len(prompts),
-        "mean_loglik_fp32_text_under_fp32": sum(ll_fp32) / len(ll_fp32),
-        "mean_loglik_fp32_text_under_int8": sum(ll_int8) / len(ll_int8),
-        "command": f"python bench/int8_quality.py --per-category {args.per_category} --new-tokens {args.new_tokens}"
-                   f" --split {args.split}",
-    }
+            ll["fp32"].append(float(score(fp32, ids, answer)[1].mean()))
+            for q, llm in quantized.items():
+                same_answers[q] += answer == llm.generate([ids], params)[0].token_ids
+                argmax, lp = score(llm, ids, answer)
+                agree[q] += int((argmax == torch.tensor(answer)).sum())
+                ll[q].append(float(lp.mean()))
+    result = {"prompts": len(prompts), "answer_tokens": total,
+              "mean_loglik_fp32_text_under_fp32": sum(ll["fp32"]) / len(ll["fp32"])}
+    for n, q in enumerate(formats):
+        tail = "" if n == 0 else f"_{q}"
+        result.update({
+            f"greedy_agreement{tail}": agree[q] / total,
+            f"identical_free_answers{tail}": same_answers[q] / len(prompts),
+            f"mean_loglik_fp32_text_under_{q}": sum(ll[q]) / len(ll[q]),
+        })
+    result["command"] = (f"python bench/int8_quality.py --per-category {args.per_category} --new-tokens "
+                         f"{args.new_tokens} --split {args.split}"
+                         + (f" --quantize {args.quantize} --out {args.out}" if args.quantize != "int8" else ""))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     console.print_json(json.dumps(result))

@@ -2,13 +2,14 @@
 
     OMP_NUM_THREADS=1 python bench/int8_rows.py                              # SmolLM2-135M, AVX-512 and AVX2
     OMP_NUM_THREADS=1 python bench/int8_rows.py --model qwen2.5-coder-1.5b --rows 1,2,3,5,9
+    OMP_NUM_THREADS=1 python bench/int8_rows.py --isa avx2 --bits 8,7             # int8 against int7 weights
 
 Random int8 weights of the model's shapes (per layer fused q/k/v, o, fused gate/up and down; then the LM head),
 through our CPU kernel (`QLinear.forward_q8`), one thread. Each row count is timed over the whole stack, best
 of `--rounds`; row counts and instruction sets run interleaved round by round, so drift on a shared machine
 hits them alike. If each tile of weights is read once for all rows, R rows cost far less than R times one row;
 how much less depends on how fast the kernel's arithmetic is once the weights are in cache (AVX-512 VNNI:
-64 products an instruction; AVX2: 32 in four instructions).
+64 products an instruction; AVX2: 32 in four instructions, or in three with 7-bit weights, `--bits 7`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", choices=sorted(MODELS))
     parser.add_argument("--rows", default="1,2,4,8,12,16")
     parser.add_argument("--isa", default="avx512,avx2", help="comma list of avx512, avx2 (kernels.cpu.isa)")
+    parser.add_argument("--bits", default="8", help="comma list of weight bits: 8 (int8), 7 (int7)")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -43,25 +45,28 @@ def main() -> None:
     rows = [int(r) for r in args.rows.split(",")]
     isas = [i for i in args.isa.split(",") if cpu.isa(i) == i]  # a CPU without AVX-512 measures AVX2 only
     kernels = qlinear.kernels
-    layers = [QLinear.from_linear(torch.nn.Linear(k, n, bias=False), 8) for k, n in shapes]
+    linears = [torch.nn.Linear(k, n, bias=False) for k, n in shapes]
+    bits = [int(b) for b in args.bits.split(",")]
+    layers = {b: [QLinear.from_linear(linear, b) for linear in linears] for b in bits}
     macs = sum(k * n for k, n in shapes)
     acts = {r: {k: kernels.quantize(torch.randn(r, k), kernels.Q8) for k in (hidden, inter)} for r in rows}
-    best = {(i, r): float("inf") for i in isas for r in rows}
+    runs = [(isa, b) for isa in isas for b in bits]
+    best = {(run, r): float("inf") for run in runs for r in rows}
     for _ in range(args.rounds):
         for r in rows:
-            for isa in isas:
+            for isa, b in runs:
                 cpu.isa(isa)
                 start = time.perf_counter()
-                for (k, _), layer in zip(shapes, layers):
+                for (k, _), layer in zip(shapes, layers[b]):
                     layer.forward_q8(acts[r][k])
-                best[isa, r] = min(best[isa, r], time.perf_counter() - start)
+                best[(isa, b), r] = min(best[(isa, b), r], time.perf_counter() - start)
     cpu.isa("avx512")
     print(f"{args.model}: int8 weights {macs / 1e6:.0f} MB, one thread, best of {args.rounds} rounds")
-    for isa in isas:
+    for isa, b in runs:
         for r in rows:
-            t = best[isa, r]
-            print(f"{isa:>6} {r:3d} rows: {t * 1e3:7.2f} ms  {t / best[isa, rows[0]]:.2f}x of {rows[0]} row(s)  "
-                  f"{r * macs / t / 1e9:6.1f} GMAC/s")
+            t = best[(isa, b), r]
+            print(f"{isa:>6} int{b} {r:3d} rows: {t * 1e3:7.2f} ms  {t / best[(isa, b), rows[0]]:.2f}x of "
+                  f"{rows[0]} row(s)  {r * macs / t / 1e9:6.1f} GMAC/s")
 
 
 if __name__ == "__main__":

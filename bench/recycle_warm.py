@@ -8,6 +8,9 @@ drafter built anew (`LLM.use`), as such a process would; the bench suite, by con
 one after another on one drafter, which learns as it goes. Methods run interleaved prompt by prompt, greedy,
 int8, batch 1, the planner on (as `specdec generate` runs), one thread; each method's tok/s is over the same
 prompts' plain decode. Writes bench/results/recycle_warm/<split>.{md,json}.
+
+`--quantize int8,int7` runs every method on each weight format (one model each, interleaved too): each row's
+speedup is over its own format's plain decode, and the last column over the first format's.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def main() -> None:
     parser.add_argument("--methods", default=METHODS, help="';'-separated 'drafter[|tree]' specs, 'none' first")
     parser.add_argument("--no-adaptive", action="store_true", help="planner off: every step verifies the full tree "
                                                                      "(tau of the drafter alone)")
+    parser.add_argument("--quantize", default="int8", help="comma list of weight formats (int8, int7, int4)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -42,45 +46,51 @@ def main() -> None:
     records = bench_prompts(split=args.split)
     prompts = [(c, r["prompt"]) for c in CATEGORIES
                for r in [r for r in records if r["category"] == c][: args.per_category]]
-    llm = LLM("smollm2-135m", quantize="int8", show_progress=False, num_threads=1,
-              engine_config=EngineConfig(adaptive_speculation=not args.no_adaptive))
+    formats = args.quantize.split(",")
+    llms = {q: LLM("smollm2-135m", quantize=q, show_progress=False, num_threads=1,
+                   engine_config=EngineConfig(adaptive_speculation=not args.no_adaptive)) for q in formats}
     params = SamplingParams(max_new_tokens=args.new_tokens)
-    llm.generate(["Warm up."], SamplingParams(max_new_tokens=8))
-    totals = {m: {"seconds": 0.0, "tokens": 0, "accepted": 0, "steps": 0, "same": 0} for m in methods}
+    for llm in llms.values():
+        llm.generate(["Warm up."], SamplingParams(max_new_tokens=8))
+    runs = [(q, m) for m in methods for q in formats]
+    totals = {run: {"seconds": 0.0, "tokens": 0, "accepted": 0, "steps": 0, "same": 0} for run in runs}
     for n, (category, prompt) in enumerate(prompts):
-        reference = None
-        for method in methods:
+        reference = {}
+        for q, method in runs:
             drafter, _, tree = method.partition("|")
-            llm.use(drafter, tree or None)  # a fresh drafter: what a new process starts from
+            llms[q].use(drafter, tree or None)  # a fresh drafter: what a new process starts from
             start = time.perf_counter()
-            out = llm.generate([prompt], params)[0]
+            out = llms[q].generate([prompt], params)[0]
             seconds = time.perf_counter() - start
-            t = totals[method]
+            t = totals[q, method]
             t["seconds"] += seconds
             t["tokens"] += len(out.token_ids)
             t["accepted"] += sum(out.metrics.accepted_per_step)
             t["steps"] += out.metrics.target_steps
-            reference = out.token_ids if reference is None else reference
-            t["same"] += out.token_ids == reference
+            t["same"] += out.token_ids == reference.setdefault(q, out.token_ids)
         print(f"{n + 1}/{len(prompts)} {category}", flush=True)
-    plain = totals[methods[0]]
+
+    def speed(run: tuple[str, str]) -> float:
+        return totals[run]["tokens"] / totals[run]["seconds"]
+
     rows = []
-    for method in methods:
-        t = totals[method]
-        speed = t["tokens"] / t["seconds"]
-        rows.append({"method": method, "tok_s": round(speed, 2),
-                     "speedup": round(speed / (plain["tokens"] / plain["seconds"]), 3),
+    for q, method in sorted(runs, key=lambda run: formats.index(run[0])):
+        t = totals[q, method]
+        rows.append({"quantize": q, "method": method, "tok_s": round(speed((q, method)), 2),
+                     "speedup": round(speed((q, method)) / speed((q, methods[0])), 3),
+                     "over_first_format_plain": round(speed((q, method)) / speed((formats[0], methods[0])), 3),
                      "tau": round(t["accepted"] / max(1, t["steps"]), 3),
                      "same_as_plain": f"{t['same']}/{len(prompts)}"})
     command = (f"OMP_NUM_THREADS=1 python bench/recycle_warm.py --split {args.split} --per-category "
                f"{args.per_category} --new-tokens {args.new_tokens} --methods '{args.methods}'"
-               + (" --no-adaptive" if args.no_adaptive else ""))
+               + (" --no-adaptive" if args.no_adaptive else "")
+               + (f" --quantize {args.quantize}" if args.quantize != "int8" else ""))
     lines = [f"Command: `{command}`", "", f"{len(prompts)} {args.split} prompts, each method on a fresh drafter per "
              f"request, interleaved; {time.strftime('%Y-%m-%d %H:%M')}.", "",
-             f"| method | tok/s | over plain | tau (planner {'off' if args.no_adaptive else 'on'}) | same output as "
-             "plain |", "|---|---|---|---|---|"]
-    lines += [f"| {r['method']} | {r['tok_s']} | {r['speedup']:.2f}x | {r['tau']:.2f} | {r['same_as_plain']} |"
-              for r in rows]
+             f"| weights | method | tok/s | over plain | over {formats[0]} plain | tau (planner "
+             f"{'off' if args.no_adaptive else 'on'}) | same output as plain |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['quantize']} | {r['method']} | {r['tok_s']} | {r['speedup']:.2f}x | "
+              f"{r['over_first_format_plain']:.2f}x | {r['tau']:.2f} | {r['same_as_plain']} |" for r in rows]
     out = args.out or RESULTS / (args.split + ("_full_trees" if args.no_adaptive else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence as Seq
 import torch
 
 from specdec.engine.planner import SpeculationPlanner
-from specdec.config import EngineConfig, SamplingParams
+from specdec.config import WEIGHT_BITS, EngineConfig, SamplingParams
 from specdec.drafters.base import DrafterContext
 from specdec.drafters.registry import build_drafter
 from specdec.engine.engine import Engine
@@ -93,11 +93,11 @@ class LLM:
         if quantize == "none":
             quantize = self.quantize = None
         if loaded.quantized != quantize:
-            if quantize not in ("int8", "int4") or loaded.quantized is not None:
+            if quantize not in WEIGHT_BITS or loaded.quantized is not None:
                 raise ConfigError(f"the loaded model is quantized as {loaded.quantized}; it cannot serve {quantize}")
             from specdec.models.quant import quantize_model_int8_
 
-            quantize_model_int8_(loaded.model, bits=4 if quantize == "int4" else 8)
+            quantize_model_int8_(loaded.model, bits=WEIGHT_BITS[quantize])
             loaded.quantized = quantize
         if loaded.model.device.type == "cpu":
             from specdec.kernels import cpu as cpu_kernels
@@ -125,7 +125,8 @@ class LLM:
         check_drafter_and_tree(drafter, tree, self.engine_config, self.quantize)
         model = self.loaded.model
         check_kv_cache_fits(model, self.engine_config)
-        drafts = "int8" if self.quantize == "int4" else self.quantize  # int4 targets get int8 drafts
+        # int4 and int7 targets get int8 drafts (a drafter runs few rows, where int7 gains nothing)
+        drafts = "int8" if self.quantize in ("int4", "int7") else self.quantize
         ctx = DrafterContext(self.loaded, self.engine_config, model.device, model.dtype, drafts)
         new_drafter = build_drafter(drafter, ctx)
         spec = parse_tree_spec(tree, self.engine_config.max_tree_nodes) if tree else new_drafter.default_tree()

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from specdec.config import EngineConfig, SamplingParams
+from specdec.config import WEIGHT_BITS, EngineConfig, SamplingParams
 from specdec.errors import ConfigError
 
-QUANTIZATIONS = (None, "none", "int8", "int4")
+QUANTIZATIONS = (None, "none", *WEIGHT_BITS)
 MAX_THREADS = 1024
 
 
@@ -41,8 +41,8 @@ def check_llm_args(*, target: Any, device: Any, dtype: Any, drafter: Any, tree: 
 
 def check_quantize(quantize: Any, device_type: str = "cpu") -> None:
     if quantize not in QUANTIZATIONS:
-        raise ConfigError(f"unknown quantization {quantize!r}; choose int8, int4 or none", field="quantize")
-    if quantize in ("int8", "int4") and device_type != "cpu":
+        raise ConfigError(f"unknown quantization {quantize!r}; choose int8, int7, int4 or none", field="quantize")
+    if quantize in WEIGHT_BITS and device_type != "cpu":
         raise ConfigError(f"{quantize} quantization uses CPU kernels; on CUDA use bfloat16 instead",
                           field="quantize")
 

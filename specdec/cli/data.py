@@ -51,7 +51,7 @@ def build(
     seed: int = typer.Option(0, help="Seed of the prompt order (and of sampled answers)."),
     concurrency: int = typer.Option(64, help="Requests the engine batches at once (one chunk)."),
     target_tokens: int = typer.Option(0, help="Stop once the corpus holds this many answer tokens (0: all)."),
-    quantize: str = typer.Option("int8", help="int8, int4 or none."),
+    quantize: str = typer.Option("int8", help="int8, int7, int4 or none."),
     threads: int = THREADS,
     device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
     log: Optional[Path] = typer.Option(None, help="Also append a progress line to this file every 30 s."),
@@ -128,7 +128,7 @@ def recycle(
     max_prompt_tokens: int = MAX_PROMPT_TOKENS,
     concurrency: int = typer.Option(32, help="Requests the engine batches at once."),
     target_tokens: int = typer.Option(0, help="Stop once this many answer tokens are in (0: all prompts)."),
-    quantize: str = typer.Option("int8", help="int8, int4 or none (the precision the matrix will serve)."),
+    quantize: str = typer.Option("int8", help="int8, int7, int4 or none (the precision the matrix will serve)."),
     threads: int = THREADS,
     seed: int = typer.Option(0, help="Seed of the prompt order."),
 ) -> None:

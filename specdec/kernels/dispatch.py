@@ -100,8 +100,9 @@ def quantize(x: Tensor, mode: int) -> list[Tensor]:
     return _elementwise(x).quantize(x, mode)
 
 
-def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None) -> Tensor:
-    return _elementwise(s).linear_q8(q, s, w, w_scale, bias)
+def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None,
+              weight_bits: int = 8) -> Tensor:
+    return _elementwise(s).linear_q8(q, s, w, w_scale, bias, weight_bits)
 
 
 def linear_q4(q: Tensor, s: Tensor, gsum: Tensor, w: Tensor, d: Tensor, m_t: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -304,10 +304,14 @@ def unpack_q4(w_tiles: Tensor, d_tiles: Tensor, n: int) -> tuple[Tensor, Tensor]
     return w, d
 
 
-def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None) -> Tensor:
+def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None,
+              weight_bits: int = 8) -> Tensor:
     """int8 rows `q [T, K]` (x ~ q * s) times int8 weights (`pack_q8` tiles of W ~ w * w_scale[:, None]): the
-    exact integer dot, then `acc * (s * w_scale) + bias` in float32, the compiled kernel's rounding step for step."""
+    exact integer dot, then `acc * (s * w_scale) + bias` in float32, the compiled kernel's rounding step for step.
+    `weight_bits=7` promises weights in [-63, 63] (the compiled kernel's faster AVX2 path relies on it)."""
     w = unpack_q8(w, w_scale.numel())
+    if weight_bits == 7 and w.abs().max() > 63:
+        raise ValueError("weight_bits=7 needs weights in [-63, 63]")
     acc = (q.long() @ w.long().T).float()
     y = acc * (s * w_scale[None, :])
     return y if bias is None else y + bias

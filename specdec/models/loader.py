@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from specdec.config import WEIGHT_BITS
 from specdec.errors import ConfigError, ModelLoadError, OfflineError
 from specdec.models.config import ModelConfig
 from specdec.models.dummy import dummy_config
@@ -219,7 +220,7 @@ def load_model(target: str, device: str | torch.device = "cpu", dtype: str | tor
                show_progress: bool = True, quantize: str | None = None) -> LoadedModel:
     """Load any supported target onto a device, in a dtype.
 
-    `quantize` ("int8" or "int4", CPU float32) quantizes the model as it loads, one decoder layer at a time
+    `quantize` ("int8", "int7" or "int4", CPU float32) quantizes the model as it loads, one decoder layer at a time
     (specdec/models/quantized_load.py), so the float weights of the whole model are never in memory at once;
     the result is the same model `quantize_model_int8_` makes of a float one."""
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
@@ -229,10 +230,10 @@ def load_model(target: str, device: str | torch.device = "cpu", dtype: str | tor
         return LoadedModel(model, ByteTokenizer(config.vocab_size, config.eos_token_ids), target)
     folder = resolve_target(target, show_progress=show_progress)
     config = ModelConfig.from_file(folder / "config.json")
-    if quantize in ("int8", "int4") and torch_device.type == "cpu" and torch_dtype == torch.float32:
+    if quantize in WEIGHT_BITS and torch_device.type == "cpu" and torch_dtype == torch.float32:
         from specdec.models.quantized_load import load_quantized
 
-        model = load_quantized(folder, config, bits=4 if quantize == "int4" else 8)
+        model = load_quantized(folder, config, bits=WEIGHT_BITS[quantize])
         return LoadedModel(model, load_tokenizer(folder), str(folder), quantized=quantize)
     weights = to_engine_weights(load_state_dict(folder), config)
     model = build_model(config, weights, torch_dtype, torch_device)

@@ -84,6 +84,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from specdec.config import WEIGHT_BITS
 from specdec.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -99,16 +100,17 @@ ROW_GRID_7BIT = (1.0 / 64.0, 64)
 ROW_GRID_8BIT = (1.0 / 127.0, 128)
 
 
-def quantize_weight_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
-    """Symmetric int8 per output channel: returns (int8 [out, in], float32 scales [out]).
+def quantize_weight_per_channel(weight: Tensor, bits: int = 8) -> tuple[Tensor, Tensor]:
+    """Symmetric int8 (or int7: `bits=7`) per output channel: returns (int8 [out, in], float32 scales [out]).
 
-    scale = max|w_row| / 127 and q = round_half_even(w / scale) in [-127, 127]; an all-zero row gets
-    scale 1 and q = 0.
+    With L = 2 ** (bits - 1) - 1 (127, or 63): scale = max|w_row| / L and q = round_half_even(w / scale) in
+    [-L, L]; an all-zero row gets scale 1 and q = 0.
     """
+    levels = float(2 ** (bits - 1) - 1)
     w = weight.detach().to(torch.float32)
     amax = w.abs().amax(dim=1)
-    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    scale = torch.where(amax > 0, amax / levels, torch.ones_like(amax))
+    q = torch.round(w / scale[:, None]).clamp_(-levels, levels).to(torch.int8)
     return q, scale
 
 
@@ -293,8 +295,8 @@ def quantize_model_int8_(model: "LlamaModel", bits: int = 8, fbgemm: bool = Fals
     that keeps a row's result the same in any batch.
 
     With the compiled CPU kernels (specdec/kernels/cpu), every linear becomes a QLinear (our exact-integer
-    kernels; `bits=4` gives the decoder layers 4-bit weights, the LM head stays 8-bit) and attention has a fixed
-    reduction order per row in float32, so the cache stays float32 (`fbgemm=True` keeps fbgemm's linears with
+    kernels; `bits=4` gives the decoder layers 4-bit weights, the LM head stays 8-bit; `bits=7` 7-bit weights
+    throughout) and attention has a fixed reduction order per row in float32, so the cache stays float32 (`fbgemm=True` keeps fbgemm's linears with
     them, for comparison: bench/profile_step.py). Without them, the linears are fbgemm's
     (Int8DynamicLinear) and attention runs in the torch reference in float64 (cache and all), whose
     float32-rounded result is the same bits in practice, at about twice the memory traffic.
@@ -319,11 +321,12 @@ def int8_serving_policy(model: "LlamaModel", bits: int = 8,
 
     if model.device.type != "cpu":
         raise ConfigError("int8 quantization uses CPU kernels; on CUDA use bfloat16 instead")
-    if bits not in (4, 8):
-        raise ConfigError(f"int{bits} is not a supported weight format; choose int8 or int4")
+    if bits not in WEIGHT_BITS.values():
+        raise ConfigError(f"int{bits} is not a supported weight format; choose one of {', '.join(WEIGHT_BITS)}")
     own = model.dtype == torch.float32 and cpu_kernels.available()
     if not own and bits != 8:
-        raise ConfigError("int4 weights need specdec's compiled CPU kernels (a C++ compiler; see specdec/kernels/cpu)")
+        raise ConfigError(f"int{bits} weights need specdec's compiled CPU kernels (a C++ compiler; see "
+                          "specdec/kernels/cpu)")
     if not own or fbgemm:
         return None
     head = model.lm_head
@@ -331,9 +334,16 @@ def int8_serving_policy(model: "LlamaModel", bits: int = 8,
     def make(linear: nn.Linear) -> nn.Module:
         if not QLinear.supports(linear.in_features):
             return Int8DynamicLinear.from_linear(linear)
-        return QLinear.from_linear(linear, bits=8 if linear is head else bits)
+        return QLinear.from_linear(linear, bits=head_bits(bits) if linear is head else bits)
 
     return make
+
+
+def head_bits(bits: int) -> int:
+    """The LM head's weight bits in the serving policy for decoder layers of `bits`: 4-bit layers keep an 8-bit
+    head (the head is 21% of the default model's products, and the most sensitive); int7 is int7 throughout
+    (its quality is measured that way: bench/int8_quality.py)."""
+    return 8 if bits == 4 else bits
 
 
 def finish_int8_serving(model: "LlamaModel") -> None:

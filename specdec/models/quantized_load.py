@@ -20,11 +20,11 @@ from specdec.errors import ModelLoadError
 from specdec.models.config import ModelConfig
 from specdec.models.llama import LlamaModel
 from specdec.models.loader import _no_weight_init, load_state_dict, to_engine_weights
-from specdec.models.quant import finish_int8_serving, int8_serving_policy, quantize_int8_
+from specdec.models.quant import finish_int8_serving, head_bits, int8_serving_policy, quantize_int8_
 
 
 def load_quantized(folder: Path, config: ModelConfig, bits: int = 8) -> LlamaModel:
-    """The int8 (bits=8) or int4 (bits=4) CPU serving model of the HF folder `folder`."""
+    """The int8 (bits=8), int7 (bits=7) or int4 (bits=4) CPU serving model of the HF folder `folder`."""
     with _no_weight_init():
         model = LlamaModel(config, device="cpu")
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
@@ -53,7 +53,7 @@ def load_quantized(folder: Path, config: ModelConfig, bits: int = 8) -> LlamaMod
     if tuple(head.shape) != shapes["lm_head.weight"]:
         raise ModelLoadError(f"tensor lm_head.weight has shape {tuple(head.shape)}, the config implies "
                              f"{shapes['lm_head.weight']}")
-    _quantize_head(model, head, make)
+    _quantize_head(model, head, make, head_bits(bits))
     model.rope = type(model.rope)(config, "cpu")
     finish_int8_serving(model)
     return model.eval().requires_grad_(False)
@@ -75,9 +75,9 @@ def _assign(model: LlamaModel, weights: dict[str, torch.Tensor], shapes: dict[st
 _HEAD_SLICE = 8192  # rows of the LM head quantized at a time (151,936 rows for Qwen)
 
 
-def _quantize_head(model: LlamaModel, weight: torch.Tensor, make) -> None:
-    """Replace the LM head by its 8-bit QLinear, quantized from `weight` (any float dtype) a slice of rows at a
-    time: the same bits as `QLinear.from_linear` (the scale is per row), without a float32 copy of a
+def _quantize_head(model: LlamaModel, weight: torch.Tensor, make, bits: int) -> None:
+    """Replace the LM head by its `bits`-bit QLinear (8 or 7), quantized from `weight` (any float dtype) a slice of
+    rows at a time: the same bits as `QLinear.from_linear` (the scale is per row), without a float32 copy of a
     151,936-row matrix and its temporaries (about 2 GB for the 0.5B draft's head). Where the policy gives
     the head another kind of layer, it gets it through `quantize_int8_` as usual."""
     from torch import nn
@@ -95,5 +95,5 @@ def _quantize_head(model: LlamaModel, weight: torch.Tensor, make) -> None:
     scale = torch.empty(out_features, dtype=torch.float32)
     for start in range(0, out_features, _HEAD_SLICE):
         rows = slice(start, start + _HEAD_SLICE)
-        q[rows], scale[rows] = quantize_weight_per_channel(weight[rows])
-    model.lm_head = QLinear(in_features, out_features, 8, pack_q8(q), (scale,), None)
+        q[rows], scale[rows] = quantize_weight_per_channel(weight[rows], bits)
+    model.lm_head = QLinear(in_features, out_features, bits, pack_q8(q), (scale,), None)

@@ -74,3 +74,27 @@ def test_int8_greedy_is_the_same_batched_alone_and_speculative(int8_llm):
         assert [o.token_ids for o in outs] == alone, drafter
         taus += [o.metrics.mean_accepted_tokens for o in outs]
     assert max(taus) > 1.0, "no draft token was ever accepted; the comparison would prove nothing"
+
+
+def test_int7_greedy_is_the_same_batched_alone_and_speculative():
+    """int7 (7-bit weights, int8 activations) sums its products another way on AVX2 (w + 64 unsigned): with it,
+    too, trees of several rows (the kernel's threes, pairs and lone rows) give exactly plain greedy output."""
+    from specdec.api import LLM
+    from specdec.errors import OfflineError
+
+    try:
+        llm = LLM("smollm2-135m", quantize="int7", show_progress=False, num_threads=1)
+    except OfflineError as exc:
+        skip_unless_ci(f"default model unavailable offline: {exc}")
+    assert llm.model.lm_head.bits == 7 and llm.model.layers[0].mlp.down_proj.bits == 7
+    prompts = greedy_prompts()[:4]
+    params = SamplingParams(max_new_tokens=32, ignore_eos=True)
+    alone = [llm.generate([p], params)[0].token_ids for p in prompts]
+    assert [o.token_ids for o in llm.generate(prompts, params)] == alone
+    taus = []
+    for drafter, tree in [("hybrid:suffix+recycle", "dynamic:depth=4,topk=3,budget=7"), ("ngram", "chain:k=5")]:
+        llm.use(drafter, tree)
+        outs = llm.generate(prompts, params)
+        assert [o.token_ids for o in outs] == alone, drafter
+        taus += [o.metrics.mean_accepted_tokens for o in outs]
+    assert max(taus) > 1.0, "no draft token was ever accepted; the comparison would prove nothing"

@@ -188,6 +188,43 @@ def test_linear_q8_is_the_reference_bit_for_bit(rows, k, n):
     assert torch.equal(cpu.linear_q8(q, s, w, w_scale), reference.linear_q8(q, s, w, w_scale))
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 11])
+@pytest.mark.parametrize("k,n", [(64, 13), (576, 72), (1536, 8)])
+def test_linear_q8_with_seven_bit_weights_is_the_reference_bit_for_bit(rows, k, n):
+    """Row counts cover every grouping (threes, pairs, a lone row) and their mixes; n = 13 pads the last tile.
+    The 7-bit path must give what the 8-bit path gives for the same weights: it is only another way to sum."""
+    from specdec.models.quant import quantize_weight_per_channel
+
+    (q, s, _), _, _, bias = _linear_case(rows, k, n, 40 + rows)
+    w7, w_scale = quantize_weight_per_channel(torch.randn(n, k, generator=torch.Generator().manual_seed(rows)), 7)
+    assert int(w7.abs().max()) == 63
+    w = reference.pack_q8(w7)
+    want = reference.linear_q8(q, s, w, w_scale, bias, 7)
+    assert torch.equal(cpu.linear_q8(q, s, w, w_scale, bias, 7), want)
+    assert torch.equal(cpu.linear_q8(q, s, w, w_scale, bias), want)
+    with pytest.raises(ValueError, match="-63, 63"):
+        reference.linear_q8(q, s, reference.pack_q8(quantize_weight_per_channel(torch.randn(n, k))[0]), w_scale,
+                            bias, 7)
+
+
+def test_linear_q8_with_seven_bit_weights_is_exact_at_the_extremes():
+    """Every product at its largest magnitude over a long row (8,960 inputs, Qwen's down projection): w + 64
+    must neither saturate vpmaddubsw's int16 pairs nor lose the 64 * sum(q) correction."""
+    k, n = 8960, 8
+    q = torch.full((5, k), -127, dtype=torch.int8)
+    q[1] = 127
+    q[2, ::2] = 127
+    q[3, 1::3] = 0
+    s = torch.ones(5, 1)
+    w = torch.full((n, k), 63, dtype=torch.int8)
+    w[1] = -63
+    w[2, 1::3] = -63
+    w[3, ::2] = 0
+    tiles, w_scale = reference.pack_q8(w), torch.ones(n)
+    want = (q.long() @ w.long().T).float()
+    assert torch.equal(cpu.linear_q8(q, s, tiles, w_scale, None, 7), want)
+
+
 @pytest.mark.parametrize("rows", [1, 3, 4, 9])
 @pytest.mark.parametrize("k,n", [(64, 13), (576, 72)])
 def test_linear_q4_matches_reference(rows, k, n):
@@ -196,14 +233,19 @@ def test_linear_q4_matches_reference(rows, k, n):
                                atol=1e-4, rtol=1e-5)
 
 
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 7, 4])
 def test_linear_rows_are_bit_identical_alone_and_batched(bits):
-    """Rows go through different tiles (pairs, fours, a lone tail row) depending on the batch size."""
+    """Rows go through different tiles (threes, pairs, a lone tail row) depending on the batch size."""
     (q, s, gsum), (w8, w_scale), (w4, d, m), bias = _linear_case(11, 576, 70, bits)
+    if bits == 7:
+        from specdec.models.quant import quantize_weight_per_channel
+
+        w7, w_scale = quantize_weight_per_channel(reference.unpack_q8(w8, 70).float(), 7)
+        w8 = reference.pack_q8(w7)
 
     def run(rows: slice) -> torch.Tensor:
-        if bits == 8:
-            return cpu.linear_q8(q[rows], s[rows], w8, w_scale, bias)
+        if bits != 4:
+            return cpu.linear_q8(q[rows], s[rows], w8, w_scale, bias, bits)
         return cpu.linear_q4(q[rows], s[rows], gsum[rows], w4, d, m, bias)
 
     full = run(slice(None))

@@ -1,4 +1,4 @@
-"""QLinear (int8/int4 weights on our own kernels) and the int8 serving policy that picks it."""
+"""QLinear (int8/int7/int4 weights on our own kernels) and the int8 serving policy that picks it."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_int4_packing_layout():
 
 
 @needs_kernels
-@pytest.mark.parametrize("bits,limit", [(8, 0.015), (4, 0.015)])
+@pytest.mark.parametrize("bits,limit", [(8, 0.015), (7, 0.02), (4, 0.015)])
 def test_qlinear_is_close_to_the_float_layer(bits, limit):
     """int4 on a Q4_1 weight: the only error left is the activations' (8 bits a row)."""
     lin = _with_weight(q4_1_weight(64, 192, 1), bias=True)
@@ -58,6 +58,15 @@ def test_qlinear_is_close_to_the_float_layer(bits, limit):
     got = layer(x)
     assert got.shape == want.shape
     assert ((got - want).norm() / want.norm()) < limit
+
+
+def test_int7_weights_lie_on_a_grid_of_63_steps_and_err_about_twice_as_much_as_int8():
+    """int7 is int8 storage on half the grid: the weight rounding error (step / sqrt(12) per weight) doubles."""
+    lin = _with_weight(torch.randn(64, 192, generator=torch.Generator().manual_seed(5)))
+    w8, w7 = (QLinear.from_linear(lin, bits=b) for b in (8, 7))
+    assert int(w7.weight.abs().max()) == 63 and int(w8.weight.abs().max()) == 127
+    err8, err7 = ((layer.dequantized_weight() - lin.weight).norm() for layer in (w8, w7))
+    assert 1.6 < err7 / err8 < 2.4
 
 
 @needs_kernels
@@ -76,14 +85,14 @@ def test_qlinear_rejects_widths_it_cannot_tile():
 
 # ---- the serving policy --------------------------------------------------------------------------------
 @needs_kernels
-@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("bits", [8, 7, 4])
 def test_policy_with_kernels_uses_qlinear_and_a_float32_cache(bits):
     model = tiny_model(0, vocab=64)
     quantize_model_int8_(model, bits=bits)
     assert model.config.kv_cache_dtype is None and model.kv_cache_dtype == torch.float32
     layer = model.layers[0].mlp.down_proj
     assert isinstance(layer, QLinear) and layer.bits == bits
-    assert isinstance(model.lm_head, QLinear) and model.lm_head.bits == 8  # the head keeps 8 bits
+    assert isinstance(model.lm_head, QLinear) and model.lm_head.bits == (8 if bits == 4 else bits)  # int4: 8-bit head
 
 
 def test_policy_without_kernels_falls_back_to_fbgemm_and_float64_attention(monkeypatch):

@@ -132,8 +132,9 @@ def quantize(x: Tensor, mode: int) -> list[Tensor]:
     return torch.ops.specdec_cpu.quantize(x, mode)
 
 
-def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None) -> Tensor:
-    return torch.ops.specdec_cpu.linear_q8(q, s, w, w_scale, bias)
+def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None,
+              weight_bits: int = 8) -> Tensor:
+    return torch.ops.specdec_cpu.linear_q8(q, s, w, w_scale, bias, weight_bits)
 
 
 def isa(request: str = "") -> str:

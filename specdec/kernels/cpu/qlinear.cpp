@@ -11,6 +11,10 @@
 //
 // AVX2: s8 x s8 products through vpmaddubsw need one operand unsigned: |q| times w with q's sign moved onto
 // w (vpsignb), 2 * 127 * 127 fits int16, so nothing saturates; 4-bit weights are unsigned already.
+// 7-bit weights (weight_bits=7, w in [-63, 63]; QLinear bits=7) skip the sign: w + 64 in [1, 127] is the
+// unsigned operand, q the signed one (2 * 127 * 127 still fits), and 64 * sum_k q comes off the sum. One vector
+// op fewer per 32 products per row (and the add of 64 is shared by the rows): the loop runs ~1.3x faster at 2-8
+// rows, where this kernel is bound by arithmetic rather than by memory (bench/int8_rows.py).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -66,16 +70,18 @@ inline int32_t dot_s8(const int8_t* q, const int8_t* w, int64_t k) {
 // padded to a multiple of 4 with zero weights.
 constexpr int kTile = 4;
 
-// R rows x one tile of linear_q8, exact int32 sums (any tiling gives the same result).
-template <int R>
-void q8_tile(const int8_t* q, int64_t k, const int8_t* wt, const float* s, const float* ws, const float* b,
-             int64_t c0, int64_t n, float* y) {
+// R rows x one tile of linear_q8, exact int32 sums (any tiling gives the same result). `Seven`: the weights are
+// in [-63, 63], summed as sum_k (w + 64) q - 64 sum_k q (`qsum`, per row), one vector op fewer per product.
+template <int R, bool Seven>
+void q8_tile(const int8_t* q, const int32_t* qsum, int64_t k, const int8_t* wt, const float* s, const float* ws,
+             const float* b, int64_t c0, int64_t n, float* y) {
   int32_t dots[R][kTile];
   const int64_t steps = k / kGroup;
 #if defined(__AVX2__)
   __m256i acc[R][kTile];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kTile; ++c) acc[r][c] = _mm256_setzero_si256();
+  const __m256i ones = _mm256_set1_epi16(1), offset = _mm256_set1_epi8(64);
   for (int64_t j = 0; j < steps; ++j) {
     const int8_t* wj = wt + j * kTile * kGroup;
     _mm_prefetch(reinterpret_cast<const char*>(wj + 2 * kTile * k), _MM_HINT_T0);  // two tiles ahead
@@ -83,15 +89,21 @@ void q8_tile(const int8_t* q, int64_t k, const int8_t* wt, const float* s, const
     __m256i qv[R], qa[R];
     for (int r = 0; r < R; ++r) {
       qv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + r * k + j * kGroup));
-      qa[r] = _mm256_sign_epi8(qv[r], qv[r]);
+      if constexpr (!Seven) qa[r] = _mm256_sign_epi8(qv[r], qv[r]);
     }
     for (int c = 0; c < kTile; ++c) {
       const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wj + c * kGroup));
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm256_add_epi32(acc[r][c], dot32_s8(qa[r], qv[r], wv));
+      if constexpr (Seven) {
+        const __m256i wu = _mm256_add_epi8(wv, offset);
+        for (int r = 0; r < R; ++r)
+          acc[r][c] = _mm256_add_epi32(acc[r][c], _mm256_madd_epi16(_mm256_maddubs_epi16(wu, qv[r]), ones));
+      } else {
+        for (int r = 0; r < R; ++r) acc[r][c] = _mm256_add_epi32(acc[r][c], dot32_s8(qa[r], qv[r], wv));
+      }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kTile; ++c) dots[r][c] = hsum_i32(acc[r][c]);
+    for (int c = 0; c < kTile; ++c) dots[r][c] = hsum_i32(acc[r][c]) - (Seven ? 64 * qsum[r] : 0);
 #else
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kTile; ++c) {
@@ -100,6 +112,7 @@ void q8_tile(const int8_t* q, int64_t k, const int8_t* wt, const float* s, const
         total += dot_s8(q + r * k + j * kGroup, wt + j * kTile * kGroup + c * kGroup, kGroup);
       dots[r][c] = total;
     }
+  (void)qsum;
 #endif
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < kTile && c0 + c < n; ++c) {
@@ -108,8 +121,27 @@ void q8_tile(const int8_t* q, int64_t k, const int8_t* wt, const float* s, const
     }
 }
 
+// Rows three at a time while the rest allows, then in pairs: a lone row's loop does half the work per weight
+// load of a pair's, so 3 rows as a pair and a single took 1.3x as long as 4 (bench/int8_rows.py).
+template <bool Seven>
+void tile_rows(const int8_t* qp, const int32_t* qsum, int64_t rows, int64_t k, const int8_t* wt, const float* sp,
+             const float* ws, const float* b, int64_t c, int64_t n, float* yp) {
+  for (int64_t r = 0; r < rows;) {
+    const int64_t left = rows - r;
+    const int group = left == 3 || left >= 5 ? 3 : left >= 2 ? 2 : 1;
+    const int8_t* qr = qp + r * k;
+    const int32_t* qs = Seven ? qsum + r : nullptr;
+    float* yr = yp + r * n + c;
+    if (group == 3) q8_tile<3, Seven>(qr, qs, k, wt, sp + r, ws, b, c, n, yr);
+    else if (group == 2) q8_tile<2, Seven>(qr, qs, k, wt, sp + r, ws, b, c, n, yr);
+    else q8_tile<1, Seven>(qr, qs, k, wt, sp + r, ws, b, c, n, yr);
+    r += group;
+  }
+}
+
 at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor& w, const at::Tensor& w_scale,
-                     const c10::optional<at::Tensor>& bias) {
+                     const c10::optional<at::Tensor>& bias, int64_t weight_bits) {
+  TORCH_CHECK(weight_bits == 8 || weight_bits == 7, "weight_bits must be 8 or 7");
   const int64_t n = w_scale.numel(), rows = q.size(0);
   const int64_t tiles = (n + kTile - 1) / kTile;
   TORCH_CHECK(w.scalar_type() == at::kChar && w.is_contiguous() && w.dim() == 2 && w.size(0) == tiles * kTile,
@@ -126,7 +158,8 @@ at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
   float* yp = y.data_ptr<float>();
   constexpr int64_t kTilesPerTask = kColBlock / kTile;
   const bool vnni = isa::avx512();
-  std::vector<int32_t> qsum(vnni ? rows : 0);  // the VNNI tiles' correction term (qlinear_vnni.cpp)
+  // the correction term of the VNNI tiles (qlinear_vnni.cpp) and of the 7-bit ones
+  std::vector<int32_t> qsum(vnni || weight_bits == 7 ? rows : 0);
   for (int64_t r = 0; r < static_cast<int64_t>(qsum.size()); ++r)
     for (int64_t i = 0; i < k; ++i) qsum[r] += qp[r * k + i];
   at::parallel_for(0, (tiles + kTilesPerTask - 1) / kTilesPerTask, 1, [&](int64_t begin, int64_t end) {
@@ -137,9 +170,8 @@ at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
         vnni::q8_rows(qp, qsum.data(), rows, k, wt, sp, ws, b, c, n, yp + c);
         continue;
       }
-      int64_t r = 0;
-      for (; r + 2 <= rows; r += 2) q8_tile<2>(qp + r * k, k, wt, sp + r, ws, b, c, n, yp + r * n + c);
-      for (; r < rows; ++r) q8_tile<1>(qp + r * k, k, wt, sp + r, ws, b, c, n, yp + r * n + c);
+      if (weight_bits == 7) tile_rows<true>(qp, qsum.data(), rows, k, wt, sp, ws, b, c, n, yp);
+      else tile_rows<false>(qp, nullptr, rows, k, wt, sp, ws, b, c, n, yp);
     }
   });
   return y;
@@ -280,8 +312,8 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
 
 namespace ops {
 at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor& w, const at::Tensor& w_scale,
-                     const c10::optional<at::Tensor>& bias) {
-  return specdec::linear_q8(q, s, w, w_scale, bias);
+                     const c10::optional<at::Tensor>& bias, int64_t weight_bits) {
+  return specdec::linear_q8(q, s, w, w_scale, bias, weight_bits);
 }
 at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor& gsum, const at::Tensor& w,
                      const at::Tensor& d, const at::Tensor& m_t, const c10::optional<at::Tensor>& bias) {
@@ -291,7 +323,7 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
 }  // namespace specdec
 
 TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {
-  m.def("linear_q8(Tensor q, Tensor s, Tensor w, Tensor w_scale, Tensor? bias) -> Tensor");
+  m.def("linear_q8(Tensor q, Tensor s, Tensor w, Tensor w_scale, Tensor? bias, int weight_bits=8) -> Tensor");
   m.def("linear_q4(Tensor q, Tensor s, Tensor gsum, Tensor w, Tensor d, Tensor m_t, Tensor? bias) -> Tensor");
   m.impl("linear_q8", c10::DispatchKey::CPU, &specdec::linear_q8);
   m.impl("linear_q4", c10::DispatchKey::CPU, &specdec::linear_q4);
