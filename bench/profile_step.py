@@ -188,15 +188,15 @@ def compiled_kernels(mode: str) -> Iterator[None]:
             os.environ["SPECDEC_CPU_KERNELS"] = old
 
 
-PRECISIONS = ("fp32", "int8", "int4", "int8-fbgemm")
+PRECISIONS = ("fp32", "int8", "int7", "int4", "int8-fbgemm")
 
 
 def build(target: str, precision: str) -> LLM:
-    """fp32; int8 and int4 (QLinear weights, the serving policy); int8-fbgemm (fbgemm's linears with the same
+    """fp32; int8, int7 and int4 (QLinear weights, the serving policy); int8-fbgemm (fbgemm's linears with the same
     compiled attention and norms, the linear kernel used before QLinear)."""
     if precision not in PRECISIONS:
         raise SystemExit(f"unknown precision {precision}; choose from {', '.join(PRECISIONS)}")
-    streamed = precision in ("int8", "int4")  # quantized as it loads: a 1.5B target never holds its fp32 weights
+    streamed = precision in ("int8", "int7", "int4")  # quantized as it loads: a 1.5B target never holds its fp32 weights
     loaded = load_model(target, "cpu", "float32", show_progress=False,
                         quantize=precision if streamed else None)
     config = replace(EngineConfig(), adaptive_speculation=False, kv_cache_tokens=4096)

@@ -37,7 +37,7 @@ from specdec import LLM, EngineConfig, SamplingParams  # noqa: E402
 from specdec.data import bench_prompts  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
-MODES = {"fp32": (torch.float32, None), "int8": (torch.float32, "int8")}
+MODES = {"fp32": (torch.float32, None), "int8": (torch.float32, "int8"), "int7": (torch.float32, "int7")}
 TREES = {"ngram": "chain:k=5", "draft": "chain:k=4"}
 
 
