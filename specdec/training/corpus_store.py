@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -39,9 +40,26 @@ def default_corpus_dir(target: str) -> Path:
     return cache_root() / "corpora" / name
 
 
+# Fingerprints by tokenizer object, then (vocab_size, the tokenizer's length): hashing a 49k-entry table takes
+# ~150 ms, and `LLM.use` builds a Token Recycling drafter (which checks its warm matrix) at every switch. The
+# length is in the key so that tokens added to a tokenizer after its first fingerprint give a new one.
+_FINGERPRINTS: "weakref.WeakKeyDictionary[Any, dict[tuple[int, int], str]]" = weakref.WeakKeyDictionary()
+
+
 def tokenizer_fingerprint(tokenizer: Any, vocab_size: int) -> str:
     """A hash of the token -> id table (or, for tokenizers without one, of a probe text's encoding) and the
     model's vocabulary size: two targets share it only when their token ids mean the same text."""
+    try:
+        known = _FINGERPRINTS.setdefault(tokenizer, {})
+    except TypeError:  # not weakly referenceable: computed every time
+        known = {}
+    key = (vocab_size, len(tokenizer) if hasattr(tokenizer, "__len__") else -1)
+    if key not in known:
+        known[key] = _fingerprint(tokenizer, vocab_size)
+    return known[key]
+
+
+def _fingerprint(tokenizer: Any, vocab_size: int) -> str:
     digest = hashlib.sha256(f"vocab_size={vocab_size}\n".encode())
     get_vocab = getattr(tokenizer, "get_vocab", None)
     if callable(get_vocab):

@@ -119,6 +119,25 @@ def test_fingerprint_tells_tokenizers_apart():
     assert tokenizer_fingerprint(Vocab({"a": 0, "b": 1}), 2) != tokenizer_fingerprint(Vocab({"a": 0, "b": 1}), 3)
 
 
+def test_fingerprint_is_computed_once_per_tokenizer_and_again_when_tokens_are_added():
+    class Growing:
+        def __init__(self):
+            self.table, self.reads = {"a": 0, "b": 1}, 0
+
+        def get_vocab(self):
+            self.reads += 1
+            return dict(self.table)
+
+        def __len__(self):
+            return len(self.table)
+
+    tok = Growing()
+    first = tokenizer_fingerprint(tok, 3)
+    assert tokenizer_fingerprint(tok, 3) == first and tok.reads == 1
+    tok.table["c"] = 2  # an added token: the ids now mean something else for id 2
+    assert tokenizer_fingerprint(tok, 3) != first and tok.reads == 2
+
+
 def test_engine_answers_are_the_targets_greedy_answers(default_llm):
     from specdec.config import SamplingParams
 
