@@ -161,6 +161,8 @@ def method_command(spec: str, args: argparse.Namespace) -> list[str]:
         cmd += ["--tree", tree]
     if args.quantize:
         cmd += ["--quantize", args.quantize]
+    if args.prefill_while_decoding is not None:
+        cmd += ["--prefill-while-decoding", str(args.prefill_while_decoding)]
     return cmd
 
 
@@ -210,6 +212,8 @@ def main() -> None:
                         help="completions for targets without a chat template (dummy:<shape>)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--prefill-while-decoding", type=int, default=None,
+                        help="the server's option (default: its own, 64 on CPU)")
     parser.add_argument("--kv-cache-tokens", type=int, default=16384,
                         help="per server (int8 keeps K/V in float32 on the compiled kernels, float64 without them)")
     parser.add_argument("--slo-ttft", type=float, default=2.0, help="goodput target: TTFT seconds")

@@ -120,6 +120,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # per step: prefill-chunk tokens + tree nodes
     max_tree_nodes: int = 128
     prefill_chunk: int = 512
+    # Prefill tokens in a step that also decodes (0: only the limits above). Each stalls every decoding
+    # sequence's next token; a server trades a little time to first token for steady inter-token latency.
+    prefill_tokens_while_decoding: int = 0
     enable_prefix_caching: bool = True
     # Choose each sequence's tree depth every step for the most goodput (0 = plain decode when speculation
     # does not pay); False drafts the full tree every step (acceptance experiments want that).
@@ -135,6 +138,9 @@ class EngineConfig:
                      "prefill_chunk"):
             value = getattr(self, name)
             _check(_is_int(value) and value > 0, f"{name} must be a positive integer, got {value!r}", name)
+        value = self.prefill_tokens_while_decoding
+        _check(_is_int(value) and value >= 0, f"prefill_tokens_while_decoding must be an integer >= 0 (0: no cap), "
+               f"got {value!r}", "prefill_tokens_while_decoding")
         for name in ("enable_prefix_caching", "adaptive_speculation"):
             value = getattr(self, name)
             _check(isinstance(value, bool), f"{name} must be True or False, got {value!r}", name)

@@ -8,6 +8,11 @@ import typer
 
 from specdec.errors import ConfigError, SpecdecError
 
+# `--prefill-while-decoding`'s CPU default: queued behind 8 running requests on one AVX2 core, a 360-token prompt
+# prefilled whole stalled the others 0.85 s; in chunks of 64 the inter-token p99 fell from 0.86 s to 0.18 s with
+# time to first token unchanged (4.4-4.6 s p50), plain decode and `suffix` alike.
+CPU_PREFILL_WHILE_DECODING = 64
+
 
 def serve(
     target: str = typer.Option("smollm2-135m", help="Alias, HF folder, .gguf file, hub id, or dummy:<shape>."),
@@ -26,6 +31,9 @@ def serve(
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores but one)."),
     adaptive: bool = typer.Option(True, help="Size each sequence's tree every step for the most goodput."),
     prefix_caching: bool = typer.Option(True, help="Reuse the K/V of prompt prefixes already computed."),
+    prefill_while_decoding: Optional[int] = typer.Option(
+        None, help="Most prompt tokens prefilled in a step while others decode (0: no cap; default 64 on CPU, "
+                   "no cap on CUDA): each one delays every running request's next token."),
     log_level: str = typer.Option("info", help="uvicorn log level: critical, error, warning, info, debug."),
 ) -> None:
     """Serve the OpenAI API (/v1/completions, /v1/chat/completions, /v1/models, /health, /metrics)."""
@@ -46,10 +54,15 @@ def serve(
             raise ConfigError("--max-waiting must be >= 0")
         if threads is not None and threads < 1:
             raise ConfigError("--threads must be at least 1")
+        if prefill_while_decoding is not None and prefill_while_decoding < 0:
+            raise ConfigError("--prefill-while-decoding must be >= 0 (0: no cap)")
         from specdec.config import EngineConfig
 
+        if prefill_while_decoding is None:  # a CPU step costs ~2.5 ms a prompt token for the default model
+            prefill_while_decoding = 0 if device.startswith("cuda") else CPU_PREFILL_WHILE_DECODING
         config = EngineConfig(max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens,
-                              adaptive_speculation=adaptive, enable_prefix_caching=prefix_caching)
+                              adaptive_speculation=adaptive, enable_prefix_caching=prefix_caching,
+                              prefill_tokens_while_decoding=prefill_while_decoding)
         llm = load_llm(target, device, dtype, quantize, drafter, tree, config, threads)
         server = create_app(llm, model_name, max_waiting)
     except SpecdecError as exc:

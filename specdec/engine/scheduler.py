@@ -94,6 +94,11 @@ class Scheduler:
                 self._preempt(victim, batch)
                 if victim is seq:
                     break
+        # While sequences decode, a step's prefill tokens are capped: each one stalls every decoding sequence's
+        # next token (a 360-token prompt took 0.85 s on one AVX2 core, against a 40 ms step for 7 decodes).
+        cap = self.config.prefill_tokens_while_decoding
+        if batch.decodes and cap:
+            budget = min(budget, cap)  # what is left after the trees, for prefill chunks only
         for seq in list(self.running):  # sequences part-way through a chunked prefill
             if seq.num_computed < prefill_target(seq) and budget > 0:
                 reserved, budget = self._schedule_prefill(seq, batch, reserved, budget)

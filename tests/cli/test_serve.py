@@ -38,3 +38,5 @@ def test_serve_answers_the_openai_client():
 def test_serve_bad_options_get_one_clear_line():
     assert_user_error(run_cli("serve", "--target", "dummy:tiny-llama", "--port", "70000"), "--port")
     assert_user_error(run_cli("serve", "--target", "dummy:tiny-llama", "--drafter", "nope"), "unknown drafter")
+    assert_user_error(run_cli("serve", "--target", "dummy:tiny-llama", "--prefill-while-decoding", "-1"),
+                      "--prefill-while-decoding")

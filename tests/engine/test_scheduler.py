@@ -8,9 +8,11 @@ whole tree and keeps only the root (plus one new output token), as a verify step
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specdec.config import EngineConfig, SamplingParams
+from specdec.errors import ConfigError
 from specdec.engine.scheduler import ScheduledBatch, Scheduler, prefill_target
 from specdec.engine.sequence import Sequence, Status
 from specdec.kvcache import PagedKVCache
@@ -109,6 +111,28 @@ def test_decodes_go_before_prefills_and_a_long_prompt_gets_what_is_left():
     batch = sched.schedule(tree_nodes=5)
     assert batch.decodes == [short]
     assert batch.prefills == [(long, 12 - 5)]  # the decode's tree took its 5 tokens first
+
+
+def test_prefill_while_decoding_is_capped_and_alone_is_not():
+    """`prefill_tokens_while_decoding`: a step that decodes prefills at most that many prompt tokens, over every
+    prompt it admits or continues; a step with nothing decoding prefills by the other limits."""
+    sched = make_scheduler(num_blocks=64, prefill_chunk=32, prefill_tokens_while_decoding=6)
+    first, second = make_seq(range(20)), make_seq(range(20))
+    sched.add(first)
+    batch = step(sched)
+    assert batch.prefills == [(first, 20)] and not batch.decodes  # nothing decodes yet: the whole prompt
+    sched.add(second)
+    sched.add(third := make_seq(range(3)))
+    chunks = []
+    while second.num_computed < 20:
+        batch = step(sched)
+        assert batch.decodes[0] is first
+        assert sum(n for _, n in batch.prefills) <= 6
+        chunks.append([n for s, n in batch.prefills if s is second])
+    assert chunks == [[6], [6], [6], [2]]
+    assert third.num_computed == 3  # admitted beside the last chunk, in the 4 tokens it left
+    with pytest.raises(ConfigError, match="prefill_tokens_while_decoding"):
+        EngineConfig(prefill_tokens_while_decoding=-1)
 
 
 def test_chunked_prefill_progresses_chunk_by_chunk_then_decodes():
