@@ -12,6 +12,9 @@ prompts' plain decode. Writes bench/results/recycle_warm/<split>.{md,json}.
 `--quantize int8,int7` runs every method on each weight format (one model each, interleaved too): each row's
 speedup is over its own format's plain decode, and the last column over the first format's.
 
+"draft ms/step" is the engine's drafting time per verify step (proposing, and the drafter's bookkeeping after
+verification), against the verify side (forward, verification, KV commit) of the same steps.
+
 "decode phase" leaves out each request's prefill (time to its first token): speculation cannot shorten the
 prompt's forward, so at 128 new tokens that fixed part (18% of plain decode's time on the test prompts, one
 AVX2 core) dilutes every end-to-end ratio.
@@ -58,7 +61,7 @@ def main() -> None:
         llm.generate(["Warm up."], SamplingParams(max_new_tokens=8))
     runs = [(q, m) for m in methods for q in formats]
     totals = {run: {"seconds": 0.0, "tokens": 0, "accepted": 0, "steps": 0, "same": 0, "decode_s": 0.0,
-                    "decode_tokens": 0} for run in runs}
+                    "decode_tokens": 0, "draft_s": 0.0, "verify_s": 0.0} for run in runs}
     for n, (category, prompt) in enumerate(prompts):
         reference = {}
         for q, method in runs:
@@ -73,6 +76,8 @@ def main() -> None:
             t["accepted"] += sum(out.metrics.accepted_per_step)
             t["steps"] += out.metrics.target_steps
             t["decode_s"] += seconds - out.metrics.ttft_s
+            t["draft_s"] += out.metrics.draft_time_s
+            t["verify_s"] += out.metrics.verify_time_s
             t["decode_tokens"] += len(out.token_ids) - 1
             t["same"] += out.token_ids == reference.setdefault(q, out.token_ids)
         print(f"{n + 1}/{len(prompts)} {category}", flush=True)
@@ -90,6 +95,8 @@ def main() -> None:
                      "speedup": round(speed((q, method)) / speed((q, methods[0])), 3),
                      "over_first_format_plain": round(speed((q, method)) / speed((formats[0], methods[0])), 3),
                      "decode_phase_speedup": round(decode_speed((q, method)) / decode_speed((q, methods[0])), 3),
+                     "draft_ms_per_step": round(1e3 * t["draft_s"] / max(1, t["steps"]), 3),
+                     "draft_share_of_verify": round(t["draft_s"] / max(1e-9, t["verify_s"]), 4),
                      "tau": round(t["accepted"] / max(1, t["steps"]), 3),
                      "same_as_plain": f"{t['same']}/{len(prompts)}"})
     command = (f"OMP_NUM_THREADS=1 python bench/recycle_warm.py --split {args.split} --per-category "
@@ -99,11 +106,12 @@ def main() -> None:
     lines = [f"Command: `{command}`", "", f"{len(prompts)} {args.split} prompts, each method on a fresh drafter per "
              f"request, interleaved; {time.strftime('%Y-%m-%d %H:%M')}.", "",
              f"| weights | method | tok/s | over plain | over {formats[0]} plain | tau (planner "
-             f"{'off' if args.no_adaptive else 'on'}) | decode phase over plain | same output as plain |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"{'off' if args.no_adaptive else 'on'}) | decode phase over plain | draft ms/step (% of the verify "
+             "side) | same output as plain |", "|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['quantize']} | {r['method']} | {r['tok_s']} | {r['speedup']:.2f}x | "
               f"{r['over_first_format_plain']:.2f}x | {r['tau']:.2f} | {r['decode_phase_speedup']:.2f}x | "
-              f"{r['same_as_plain']} |" for r in rows]
+              f"{r['draft_ms_per_step']:.2f} ({100 * r['draft_share_of_verify']:.1f}%) | {r['same_as_plain']} |"
+              for r in rows]
     out = args.out or RESULTS / (args.split + ("_full_trees" if args.no_adaptive else ""))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
