@@ -13,8 +13,8 @@
 // w (vpsignb), 2 * 127 * 127 fits int16, so nothing saturates; 4-bit weights are unsigned already.
 // 7-bit weights (weight_bits=7, w in [-63, 63]; QLinear bits=7) skip the sign: w + 64 in [1, 127] is the
 // unsigned operand, q the signed one (2 * 127 * 127 still fits), and 64 * sum_k q comes off the sum. One vector
-// op fewer per 32 products per row (and the add of 64 is shared by the rows): the loop runs ~1.3x faster at 2-8
-// rows, where this kernel is bound by arithmetic rather than by memory (bench/int8_rows.py).
+// op fewer per 32 products per row (and the add of 64 is shared by the rows): 1.15-1.25x faster at 4-16 rows,
+// where this kernel is bound by arithmetic rather than by memory (bench/int8_rows.py).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -122,10 +122,10 @@ void q8_tile(const int8_t* q, const int32_t* qsum, int64_t k, const int8_t* wt, 
 }
 
 // Rows three at a time while the rest allows, then in pairs: a lone row's loop does half the work per weight
-// load of a pair's, so 3 rows as a pair and a single took 1.3x as long as 4 (bench/int8_rows.py).
+// load of a pair's, so 3 rows as a pair and a single cost 1.27x one row, and 1.02x as one tile (bench/int8_rows.py).
 template <bool Seven>
 void tile_rows(const int8_t* qp, const int32_t* qsum, int64_t rows, int64_t k, const int8_t* wt, const float* sp,
-             const float* ws, const float* b, int64_t c, int64_t n, float* yp) {
+               const float* ws, const float* b, int64_t c, int64_t n, float* yp) {
   for (int64_t r = 0; r < rows;) {
     const int64_t left = rows - r;
     const int group = left == 3 || left >= 5 ? 3 : left >= 2 ? 2 : 1;
