@@ -296,7 +296,8 @@ def quantize_model_int8_(model: "LlamaModel", bits: int = 8, fbgemm: bool = Fals
 
     With the compiled CPU kernels (specdec/kernels/cpu), every linear becomes a QLinear (our exact-integer
     kernels; `bits=4` gives the decoder layers 4-bit weights, the LM head stays 8-bit; `bits=7` 7-bit weights
-    throughout) and attention has a fixed reduction order per row in float32, so the cache stays float32 (`fbgemm=True` keeps fbgemm's linears with
+    throughout) and attention has a fixed reduction order per row in float32, so the cache stays float32
+    (`fbgemm=True` keeps fbgemm's linears with
     them, for comparison: bench/profile_step.py). Without them, the linears are fbgemm's
     (Int8DynamicLinear) and attention runs in the torch reference in float64 (cache and all), whose
     float32-rounded result is the same bits in practice, at about twice the memory traffic.
