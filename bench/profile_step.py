@@ -196,7 +196,8 @@ def build(target: str, precision: str) -> LLM:
     compiled attention and norms, the linear kernel used before QLinear)."""
     if precision not in PRECISIONS:
         raise SystemExit(f"unknown precision {precision}; choose from {', '.join(PRECISIONS)}")
-    streamed = precision in ("int8", "int7", "int4")  # quantized as it loads: a 1.5B target never holds its fp32 weights
+    # quantized as it loads: a 1.5B target never holds its fp32 weights
+    streamed = precision in ("int8", "int7", "int4")
     loaded = load_model(target, "cpu", "float32", show_progress=False,
                         quantize=precision if streamed else None)
     config = replace(EngineConfig(), adaptive_speculation=False, kv_cache_tokens=4096)
