@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from specdec import kernels
 from specdec.errors import ConfigError
+from specdec.kernels import cpu as cpu_kernels
 
 Choice = tuple[int, ...]
 UNSEEN = -1
@@ -89,6 +91,17 @@ class AdjacencyMatrix:
         self.pair_keys = np.full(slots, -1, dtype=np.int64)  # [H] prev * V + token, -1 = empty
         self.pair_table = np.full((slots, self.k), UNSEEN, dtype=np.int32)  # [H, k]
         self.pair_probs = np.zeros((slots, self.k), dtype=np.float32)  # [H, k]
+        # The same memory as torch tensors, for the compiled writes and expansions (recycle_matrix.cpp); every
+        # method writes the arrays in place, so the views stay true. None: compiled where the kernels are built.
+        self._views = tuple(torch.from_numpy(a) for a in (self.table, self.probs, self.pair_keys, self.pair_table,
+                                                          self.pair_probs))
+        self.compiled: bool | None = None
+
+    def uses_kernels(self) -> bool:
+        """Whether writes and template expansions run compiled (decided once, where the kernels are built)."""
+        if self.compiled is None:
+            self.compiled = cpu_kernels.available()
+        return self.compiled
 
     @property
     def vocab_size(self) -> int:
@@ -117,14 +130,28 @@ class AdjacencyMatrix:
         if logits.shape[0] != n or logits.shape[-1] != self.vocab_size:
             raise ConfigError(f"update needs logits [{n}, {self.vocab_size}], got {list(logits.shape)}")
         probs, succ = self.top(logits)
-        self.write(tokens.cpu().numpy(), succ, probs, None if prev is None else prev.cpu().numpy())
+        before = [-1] * n if prev is None else prev.tolist()
+        self.write_rows(tokens.tolist(), before, list(range(n)), succ, probs)
 
-    def top(self, logits: Tensor) -> tuple[np.ndarray, np.ndarray]:
-        """Each row's k best successors' probabilities `[N, k]` float32 and ids `[N, k]` int32, best first."""
+    def top(self, logits: Tensor) -> tuple[Tensor, Tensor]:
+        """Each row's k best successors' probabilities `[N, k]` float32 and ids `[N, k]` int64, best first."""
         if logits.shape[-1] != self.vocab_size:
             raise ConfigError(f"logits must have {self.vocab_size} columns, got {list(logits.shape)}")
         top_probs, top_ids = kernels.top_k_probs(logits.float(), self.k)
-        return top_probs.cpu().numpy(), top_ids.cpu().numpy().astype(np.int32)  # numpy's cast: no op dispatch
+        return top_probs.cpu(), top_ids.cpu()
+
+    def write_rows(self, tokens: list[int], prev: list[int], rows: list[int], top_ids: Tensor,
+                   top_probs: Tensor) -> None:
+        """Row `tokens[i]` := row `rows[i]` of `top` (`top_ids`, `top_probs`), in order; `prev[i]` is the token
+        before it (-1 = none). What a verified step writes: one compiled call where the kernels are built."""
+        if self.uses_kernels():
+            as_ids = [torch.from_numpy(np.array(values, dtype=np.int64)) for values in (tokens, prev, rows)]
+            cpu_kernels.recycle_write(self._views, self.pair_bits, *as_ids, top_ids.contiguous(),
+                                      top_probs.contiguous())
+            return
+        index = np.array(rows, dtype=np.int64)
+        self.write(np.array(tokens, dtype=np.int64), top_ids.numpy()[index].astype(np.int32),
+                   top_probs.numpy()[index], np.array(prev, dtype=np.int64))
 
     def write(self, tokens: np.ndarray, succ: np.ndarray, probs: np.ndarray, prev: np.ndarray | None = None) -> None:
         """`update` from top-k already taken (`top`): rows `tokens [N]` := `succ [N, k]` with `probs [N, k]`."""
@@ -212,6 +239,35 @@ class AdjacencyMatrix:
         new_index[keep] = np.arange(keep.shape[0])
         new_parents = np.where(parents[keep] >= 0, new_index[np.maximum(parents[keep], 0)], -1)
         return tokens[keep].tolist(), new_parents.tolist()
+
+    def expand_scored(self, root: int, layout: TemplateLayout, max_depth: int | None = None,
+                      prev: int = -1) -> tuple[list[int], list[int], list[float]]:
+        """`expand` with each node's stored probability in its parent's row (0 for the root): the raw score a
+        hybrid tree calibrates."""
+        tokens, parents = self.expand(root, layout, max_depth, prev)
+        if len(tokens) == 1:
+            return tokens, parents, [0.0]
+        tok, up = np.array(tokens), np.array(parents[1:])
+        before = np.array([prev] + [tokens[p] for p in parents[1:]])  # the token before each node
+        succ, probs = self.rows(before[up], tok[up])  # each node's parent's row
+        match = succ == tok[1:, None]
+        return tokens, parents, [0.0] + (probs * match).sum(axis=1).tolist()
+
+    def expand_many(self, roots: list[int], prevs: list[int], layout: TemplateLayout,
+                    max_depth: int | None = None) -> list[tuple[list[int], list[int], list[float]]]:
+        """`expand_scored` for every (root, prev) pair: one compiled call for the whole batch where the kernels
+        are built (recycle_matrix.cpp), the numpy reference above elsewhere."""
+        if not self.uses_kernels():
+            return [self.expand_scored(root, layout, max_depth, prev) for root, prev in zip(roots, prevs)]
+        levels = layout.levels if max_depth is None else layout.levels[:max_depth]
+        count = 1 + sum(int(level.shape[0]) for level in levels)
+        tokens, parents, scores, counts = cpu_kernels.recycle_expand(
+            self._views, self.pair_bits, torch.tensor(roots, dtype=torch.int64), torch.tensor(prevs, dtype=torch.int64),
+            torch.from_numpy(layout.parents), torch.from_numpy(layout.ranks), count)
+        out = []
+        for t, p, sc, n in zip(tokens.tolist(), parents.tolist(), scores.tolist(), counts.tolist()):
+            out.append((t[:n], p[:n], sc[:n]))
+        return out
 
     def expand_best_first(self, root: int, budget: int, max_depth: int, min_prob: float = 0.0,
                           width: int | None = None, prev: int = -1) -> tuple[list[int], list[int], list[float]]:

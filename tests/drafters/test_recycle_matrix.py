@@ -8,6 +8,7 @@ import torch
 
 from specdec.drafters.recycle_matrix import UNSEEN, AdjacencyMatrix, template_layout
 from specdec.errors import ConfigError
+from specdec.kernels import cpu as cpu_kernels
 
 
 def reference_update(table: np.ndarray, tokens: list[int], logits: torch.Tensor) -> None:
@@ -183,3 +184,49 @@ def test_expansions_read_pair_rows_first():
     assert sorted(tokens[1:]) == [7, 8]
     tokens, _ = matrix.expand(2, template_layout(((0,), (0, 0))), prev=9)  # 2 -> 3 (single), then pair (2, 3)
     assert tokens == [2, 3, 7]
+
+
+needs_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="compiled CPU kernels unavailable")
+
+
+def _random_matrices(seed: int, vocab: int, k: int, pair_bits: int) -> tuple[AdjacencyMatrix, AdjacencyMatrix]:
+    """The same random writes into a compiled matrix and a numpy one: tokens repeating within a step, pairs
+    colliding on few slots, prev -1 at times."""
+    gen = torch.Generator().manual_seed(seed)
+    compiled, numpy_ = AdjacencyMatrix(vocab, k, pair_bits), AdjacencyMatrix(vocab, k, pair_bits)
+    compiled.compiled, numpy_.compiled = True, False
+    for _ in range(6):
+        n = int(torch.randint(1, 14, (1,), generator=gen))
+        tokens = torch.randint(0, vocab // 2, (n,), generator=gen)
+        prev = torch.randint(-1, vocab // 2, (n,), generator=gen)
+        logits = torch.randn(n, vocab, generator=gen)
+        for matrix in (compiled, numpy_):
+            matrix.update(tokens, logits, prev)
+    return compiled, numpy_
+
+
+@needs_kernels
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("pair_bits", [0, 3, 10])
+def test_compiled_writes_leave_the_arrays_the_numpy_reference_leaves(seed, pair_bits):
+    compiled, numpy_ = _random_matrices(seed, 40, 4, pair_bits)
+    for name in ("table", "probs", "pair_keys", "pair_table", "pair_probs"):
+        np.testing.assert_array_equal(getattr(compiled, name), getattr(numpy_, name), err_msg=name)
+    assert (compiled.table != UNSEEN).any()
+
+
+@needs_kernels
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("pair_bits", [0, 3, 10])
+def test_compiled_expansions_equal_the_numpy_reference_with_scores(seed, pair_bits):
+    compiled, numpy_ = _random_matrices(seed, 40, 4, pair_bits)
+    choices = ((0,), (1,), (3,), (5,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 3), (1, 0, 0), (0, 0, 0, 0))
+    layout = template_layout(choices)
+    roots = list(range(40))  # seen and unseen rows alike (only the first half is ever written)
+    prevs = [(r * 7) % 23 - 1 for r in roots]
+    for depth in (None, 1, 2, 3):
+        got = compiled.expand_many(roots, prevs, layout, depth)
+        want = numpy_.expand_many(roots, prevs, layout, depth)
+        assert got == want, depth
+        assert [numpy_.expand(r, layout, depth, p) for r, p in zip(roots, prevs)] == [g[:2] for g in got]
+    assert max(len(tokens) for tokens, _, _ in got) > 3  # the case is not trivially empty

@@ -30,10 +30,10 @@ from torch import Tensor
 from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: one torch op each already
 
 __all__ = ["argmax_rows", "available", "copy_kv_layers", "copy_kv_slots", "decode_attention", "decode_layers", "isa",
-           "linear_q4", "linear_q8", "paged_attention", "quantize", "rms_norm", "rope_kv", "silu_mul", "top_k_probs",
-           "write_kv"]
+           "linear_q4", "linear_q8", "paged_attention", "quantize", "recycle_expand", "recycle_write", "rms_norm",
+           "rope_kv", "silu_mul", "top_k_probs", "write_kv"]
 SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp", "logit_rows.cpp", "qlinear.cpp",
-           "qlinear_vnni.cpp")
+           "qlinear_vnni.cpp", "recycle_matrix.cpp")
 HEADERS = ("attention_rows.h", "isa.h", "ops.h", "qlinear_vnni.h", "vec.h")
 _HERE = Path(__file__).resolve().parent
 
@@ -117,6 +117,19 @@ def argmax_rows(logits: Tensor) -> Tensor:
 
 def top_k_probs(logits: Tensor, k: int) -> list[Tensor]:
     return torch.ops.specdec_cpu.top_k_probs(logits, k)
+
+
+def recycle_write(arrays: tuple[Tensor, ...], pair_bits: int, tokens: Tensor, prev: Tensor, rows: Tensor,
+                  succ: Tensor, succ_probs: Tensor) -> None:
+    """Token Recycling's matrix `arrays` (table, probs, pair_keys, pair_table, pair_probs) written in place
+    (recycle_matrix.cpp; the reference is `AdjacencyMatrix.write`)."""
+    torch.ops.specdec_cpu.recycle_write(*arrays, pair_bits, tokens, prev, rows, succ, succ_probs)
+
+
+def recycle_expand(arrays: tuple[Tensor, ...], pair_bits: int, roots: Tensor, prevs: Tensor, parents: Tensor,
+                   ranks: Tensor, count: int) -> list[Tensor]:
+    """A static template filled from every root at once (the reference is `AdjacencyMatrix.expand`)."""
+    return torch.ops.specdec_cpu.recycle_expand(*arrays, pair_bits, roots, prevs, parents, ranks, count)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, mode: int = 0, residual: Tensor | None = None,
