@@ -145,6 +145,7 @@ std::vector<at::Tensor> recycle_expand(const at::Tensor& table, const at::Tensor
   const int64_t* rp = roots.data_ptr<int64_t>();
   const int64_t* vp = prevs.data_ptr<int64_t>();
   std::vector<int64_t> tok(count), before(count), index(count);
+  std::vector<float> score(count);
   for (int64_t s = 0; s < b; ++s) {
     TORCH_CHECK(rp[s] >= 0 && rp[s] < m.v, "root token out of range");
     tok[0] = rp[s];
@@ -152,13 +153,14 @@ std::vector<at::Tensor> recycle_expand(const at::Tensor& table, const at::Tensor
     for (int64_t n = 1; n < count; ++n) {
       const int64_t up = par[n];
       tok[n] = kUnseen;
+      score[n] = 0.0f;
       before[n] = tok[up];
       if (tok[up] < 0 || rk[n] >= m.k) continue;
       const int32_t* succ;
       const float* p;
       m.row(before[up], tok[up], &succ, &p);
       tok[n] = succ[rk[n]];
-      if (tok[n] >= 0) os[s * count + n] = p[rk[n]];  // renumbered below
+      score[n] = p[rk[n]];
     }
     int64_t kept = 0;
     for (int64_t n = 0; n < count; ++n) {
@@ -166,10 +168,9 @@ std::vector<at::Tensor> recycle_expand(const at::Tensor& table, const at::Tensor
       index[n] = kept;
       ot[s * count + kept] = tok[n];
       op[s * count + kept] = n ? index[par[n]] : -1;
-      os[s * count + kept] = n ? os[s * count + n] : 0.0f;  // kept <= n: never reads a renumbered slot
+      os[s * count + kept] = n ? score[n] : 0.0f;
       ++kept;
     }
-    for (int64_t n = kept; n < count; ++n) os[s * count + n] = 0.0f;
     oc[s] = kept;
   }
   return {out_tokens, out_parents, out_scores, counts};
