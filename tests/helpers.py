@@ -59,6 +59,34 @@ def tiny_engine(model: LlamaModel, drafter: Drafter, tree: TreeSpec, **config) -
     return Engine(model, NoTokenizer(), EngineConfig(**config), drafter, tree)
 
 
+class StepClock:
+    """A clock for planning tests: a target pass costs `base + per_row * rows` seconds and nothing else takes
+    time, so what the planner measures, and so what it decides, is the same on every run. With the machine's
+    real clock a noisy VM priced rows at random and a test of the planner's logic failed one CI run in many."""
+
+    def __init__(self, base: float = 0.010, per_row: float = 0.001) -> None:
+        self.now, self.base, self.per_row = 0.0, base, per_row
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def install(self, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+        from types import SimpleNamespace
+
+        import specdec.engine.engine as engine_module
+        import specdec.engine.node_planning as node_planning_module
+
+        for module in (engine_module, node_planning_module):
+            monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=self.perf_counter))
+        run = engine.runner.run
+
+        def timed_run(chunks, *args, **kwargs):
+            self.now += self.base + self.per_row * sum(len(chunk.tokens) for chunk in chunks)
+            return run(chunks, *args, **kwargs)
+
+        monkeypatch.setattr(engine.runner, "run", timed_run)
+
+
 def run_all(engine: Engine) -> None:
     while engine.has_unfinished():
         engine.step()

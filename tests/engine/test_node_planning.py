@@ -14,7 +14,7 @@ from specdec.drafters.none import NoDrafter
 from specdec.engine.planner import NODE_GAIN_EVIDENCE
 from specdec.tree.spec import chain
 from specdec.tree.token_tree import TokenTree
-from tests.helpers import ScriptedDrafter, run_all, tiny_engine, tiny_model
+from tests.helpers import ScriptedDrafter, StepClock, run_all, tiny_engine, tiny_model
 
 VOCAB = 16
 
@@ -28,8 +28,9 @@ PARAMS = SamplingParams(max_new_tokens=40, ignore_eos=True)
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7], [8, 9]]
 
 
-def generate(model, drafter, tree):
+def generate(model, drafter, tree, monkeypatch):
     engine = tiny_engine(model, drafter, tree, kv_cache_tokens=1024, block_size=4)
+    StepClock().install(engine, monkeypatch)  # plans that do not depend on how busy the machine is
     seqs = [engine.add_request(p, PARAMS) for p in PROMPTS]
     steps = 0
     while engine.has_unfinished():
@@ -38,15 +39,15 @@ def generate(model, drafter, tree):
     return engine, [s.output_ids for s in seqs], steps
 
 
-def plain_continuations(model) -> tuple[dict[int, list[int]], list[list[int]]]:
-    _, outputs, _ = generate(model, NoDrafter(), chain(0))
+def plain_continuations(model, monkeypatch) -> tuple[dict[int, list[int]], list[list[int]]]:
+    _, outputs, _ = generate(model, NoDrafter(), chain(0), monkeypatch)
     return dict(enumerate(outputs)), outputs
 
 
-def test_right_drafts_are_verified_and_calibrated_up(model):
-    continuation, plain = plain_continuations(model)
+def test_right_drafts_are_verified_and_calibrated_up(model, monkeypatch):
+    continuation, plain = plain_continuations(model, monkeypatch)
     drafter = ScriptedDrafter("right", continuation, offset=0, score=0.3, vocab=VOCAB, plans_by_node=True)
-    engine, outputs, steps = generate(model, drafter, chain(3))
+    engine, outputs, steps = generate(model, drafter, chain(3), monkeypatch)
     assert outputs == plain
     calibration = engine.planner.calibration
     tried, accepted = calibration.observed(1, 1, 0.3)
@@ -55,10 +56,10 @@ def test_right_drafts_are_verified_and_calibrated_up(model):
     assert steps < 0.75 * len(plain[0])  # more than one token a step: the plan verified the drafts
 
 
-def test_a_drafter_whose_nodes_are_never_accepted_stops_being_consulted(model):
-    continuation, plain = plain_continuations(model)
+def test_a_drafter_whose_nodes_are_never_accepted_stops_being_consulted(model, monkeypatch):
+    continuation, plain = plain_continuations(model, monkeypatch)
     drafter = ScriptedDrafter("liar", continuation, offset=1, score=0.9, vocab=VOCAB, plans_by_node=True)
-    engine, outputs, steps = generate(model, drafter, chain(3))
+    engine, outputs, steps = generate(model, drafter, chain(3), monkeypatch)
     assert outputs == plain
     assert engine.planner.calibration.estimate(1, 1, 0.9) < 0.9 - 0.2  # down from the drafter's claim
     # drafting is skipped once its gain is measured at nothing, and retried after EXPLORE_AFTER steps (then
@@ -84,7 +85,7 @@ def test_node_planning_is_an_opt_in_option_of_the_lookup_drafters():
 
 
 @pytest.mark.parametrize("name", ["suffix", "ngram", "recycle"])
-def test_real_lookup_drafters_with_node_planning_give_plain_greedy_output(model, name):
+def test_real_lookup_drafters_with_node_planning_give_plain_greedy_output(model, name, monkeypatch):
     from specdec.drafters.ngram import NgramDrafter
     from specdec.drafters.recycle import RecycleDrafter
     from specdec.drafters.suffix import SuffixDrafter
@@ -92,8 +93,8 @@ def test_real_lookup_drafters_with_node_planning_give_plain_greedy_output(model,
     drafter = {"suffix": lambda: SuffixDrafter(), "ngram": lambda: NgramDrafter(n=2, k=4),
                "recycle": lambda: RecycleDrafter(VOCAB, k=4)}[name]()
     drafter.plans_by_node = True
-    _, plain = plain_continuations(model)
-    engine, outputs, _ = generate(model, drafter, chain(4))
+    _, plain = plain_continuations(model, monkeypatch)
+    engine, outputs, _ = generate(model, drafter, chain(4), monkeypatch)
     assert outputs == plain
     tried = sum(c[0] for c in engine.planner.calibration._counts.values())
     assert tried > 0, "the calibration never saw a verified node"
