@@ -115,6 +115,9 @@ class ScriptedDrafter(DrafterBase):
         return out
 
     def propose(self, seqs, spec):
-        if seqs:
-            raise AssertionError("a scripted drafter is only asked for scored trees")
-        return []
+        """The same chains unscored, for the depth plan (node planning asks only for scored trees)."""
+        if seqs and self.plans_by_node:
+            raise AssertionError("a node-planned scripted drafter is only asked for scored trees")
+        from specdec.tree.token_tree import TokenTree
+
+        return [TokenTree.chain(scored.tokens) for scored in self.propose_scored(seqs, spec)] if seqs else []

@@ -61,6 +61,7 @@ class Engine:
         # Lookup drafters draft for every sequence before the plan, which then picks the nodes worth verifying.
         self.nodes = (NodePlannedDrafting(drafter, tree, self.planner)
                       if self.planner is not None and drafter.plans_by_node else None)
+        self._draft_seconds: float | None = None  # this step's drafting time, when the depth plan drafted
         self.runner = ModelRunner.create(model, config.num_blocks, config.block_size,
                                          prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.runner.cache)
@@ -206,7 +207,8 @@ class Engine:
             start = time.perf_counter()
             proposed = self.drafter.propose(drafting, self.tree.limited(deepest))
             if not first:
-                self.planner.observe_draft(deepest, time.perf_counter() - start, len(drafting))
+                self._draft_seconds = time.perf_counter() - start
+                self.planner.observe_draft(deepest, self._draft_seconds, len(drafting))
             trees = {seq.seq_id: tree for seq, tree in zip(drafting, proposed)}
         return [trees[seq.seq_id].cut(d) if d > 0 else TokenTree.chain([seq.last_token])
                 for seq, d in zip(seqs, depths)]
@@ -310,6 +312,10 @@ class Engine:
                                          timing.committed - timing.proposed, prefill_tokens=prefill_tokens)
         if self.nodes is not None:
             self.nodes.observe(batch.decodes, trees, results)
+        elif self._draft_seconds is not None:  # a speculative step of the depth plan: what it really gained
+            self.planner.observe_gain(len(trees), sum(len(tree) - 1 for tree in trees),
+                                           sum(result.num_accepted_drafts for result in results), self._draft_seconds)
+        self._draft_seconds = None
         for seq, tree, result in zip(batch.decodes, trees, results):
             self._record(seq, tree, result, draft_s, verify_s)
             if self.planner is not None:

@@ -68,7 +68,7 @@ class NodePlannedDrafting:
         line up with the ranked ones)."""
         if self._drafted:
             self._drafted = False
-            self.planner.observe_node_step(len(trees), sum(len(tree) - 1 for tree in trees),
+            self.planner.observe_gain(len(trees), sum(len(tree) - 1 for tree in trees),
                                            sum(result.num_accepted_drafts for result in results))
         calibration = self.planner.calibration
         for seq, tree, result in zip(seqs, trees, results):

@@ -32,10 +32,20 @@ costs, rather than guessing from a model of the hardware. Measured prices follow
 (timing noise only ever adds), and after `EXPLORE_AFTER` steps without speculation one sequence drafts its full
 tree once, so that a price measured during a stall is measured again (then after twice as many, up to
 `EXPLORE_MAX`, while explorations change nothing); the other way round, a plain step's price that speculation
-has left unmeasured for `REMEASURE_AFTER` steps is timed again by one plain step. Greedy outputs never depend on
-the plan: a shorter tree changes speed, never tokens. A *seeded* sampled request is different: which random
-numbers it draws depends on its tree's shape, so to give the same output whatever runs beside it, it always gets
-the full tree (it is pinned, and only priced in).
+has left unmeasured for `REMEASURE_AFTER` steps is timed again by one plain step.
+
+The estimates can still promise more than speculation delivers: the plan picks the sequences whose histories
+look best (the winner's curse), and each estimate is optimistic on purpose. So the plan's promises are checked
+against what happened: each speculative step's goodput gain (tokens accepted, for the rows verified and the
+drafting done, priced on the step-cost curve) is averaged per batch size, and where the evidence is firm that it
+is a loss, the plan is plain decode at that batch size, with one speculative step now and then to measure again
+(`should_draft`, shared with node planning). At batch 8 on an AVX2 CPU a hybrid drafter bought rows at 0.42
+accepted tokens each where 0.6 pays, and ran at 0.90-0.95x of plain decode; a batch-1 request gains and keeps
+speculating.
+
+Greedy outputs never depend on the plan: a shorter tree changes speed, never tokens. A *seeded* sampled request
+is different: which random numbers it draws depends on its tree's shape, so to give the same output whatever
+runs beside it, it always gets the full tree (it is pinned, and only priced in).
 """
 
 from __future__ import annotations
@@ -75,8 +85,8 @@ REMEASURE_TOLERANCE = 0.25
 # Node planning's measured gain is a long-run average: retrieval drafters win in bursts (a copied span) between
 # runs of steps with nothing to propose, and a short average dipped below the drafting cost after a few empty
 # steps and skipped the next burst (suffix fell from 1.31x to 1.17x at batch 1 with a decay of 1/4).
-NODE_GAIN_DECAY = 1 / 32
-NODE_GAIN_EVIDENCE = 8  # drafted steps at a batch size before drafting there may be skipped
+GAIN_DECAY = 1 / 32
+GAIN_EVIDENCE = 8  # drafted steps at a batch size before drafting there may be skipped
 # Plans in a row without speculation after which the planner counts as idle, and the engine stops paying for
 # what only speculation uses (`SpeculationPlanner.idle`). A few, so that one unlikely step at batch 1 changes
 # nothing, while a server at saturation, where the plan is empty step after step, stops at once.
@@ -175,10 +185,10 @@ class SpeculationPlanner:
         self._idle_plans = 0  # plans in a row that chose no speculation at all
         # Node planning: P(accepted | parent accepted) by depth and score, optimistic while evidence is thin.
         self.calibration = AcceptanceCalibration(optimism=1.0)
-        self._node_gain: dict[int, list[float]] = {}  # node planning, per batch-size bucket: gain statistics
-        self._skipped = 0  # node planning: steps in a row that skipped drafting
+        self._gain: dict[int, list[float]] = {}  # per batch-size bucket: speculative steps' goodput gain statistics
+        self._skipped = 0  # steps in a row that the gain guard kept from speculating
         self._explore_every = EXPLORE_AFTER  # idle plans before the next exploration (doubles, `EXPLORE_MAX`)
-        self._draft_explore_every = EXPLORE_AFTER  # the same for skipped drafting (node planning)
+        self._draft_explore_every = EXPLORE_AFTER  # the same for steps the gain guard skipped
         self._remeasure_every = REMEASURE_AFTER  # observations before a plain price is timed again (doubles)
         self._remeasuring: tuple[int, float] | None = None  # (tokens, predicted seconds) of a re-measurement
 
@@ -267,6 +277,8 @@ class SpeculationPlanner:
                                        self.cost.measured_up_to())
             return self._explore_if_idle(chosen, [b[0] for b in betas], [spec.depth] * len(seqs))
         pinned = [is_pinned(seq) for seq in seqs]
+        if not self.should_draft(seqs, prefill_tokens, priced_in=True):  # the gain guard (module docstring)
+            return [spec.depth if pin else 0 for pin in pinned]
         depths = [spec.depth if pin else 0 for pin in pinned]
         gained = sum(sum(b) for b, pin in zip(betas, pinned) if pin)
         extra_nodes = nodes[spec.depth] * sum(pinned)
@@ -377,27 +389,31 @@ class SpeculationPlanner:
                 heapq.heappush(heap, (-probs[i][counts[i]], i))
         return self._explore_if_idle(best, [p[0] if p else 0.0 for p in probs], [len(p) for p in probs])
 
-    def observe_node_step(self, num_seqs: int, verified_nodes: int, accepted: int) -> None:
-        """A node-planned step verified `verified_nodes` drafted nodes over `num_seqs` sequences and accepted
+    def observe_gain(self, num_seqs: int, verified_nodes: int, accepted: int, draft_seconds: float = 0.0) -> None:
+        """A speculative step verified `verified_nodes` drafted nodes over `num_seqs` sequences and accepted
         `accepted` of them: its goodput against plain decode's, both priced on the step-cost curve (the
-        accepted count is what happened, not what the calibration expected)."""
+        accepted count is what happened, not what the plan expected). `draft_seconds`, where given, is the
+        step's measured drafting time, priced in (depth planning drafts only for the sequences it plans for;
+        node planning drafts for all before deciding, and `should_draft` prices that separately)."""
         if not self.cost.known or num_seqs <= 0:
             return
         plain = max(self.cost.predict(num_seqs), 1e-9)
-        rate = (num_seqs + accepted) / max(self.cost.predict(num_seqs + verified_nodes), plain)  # rows never save
+        rate = (num_seqs + accepted) / (max(self.cost.predict(num_seqs + verified_nodes), plain) + draft_seconds)
         plain_rate = num_seqs / plain
         gain = rate / plain_rate - 1.0
-        entry = self._node_gain.setdefault(StepCost._bucket(num_seqs), [0.0, 0.0, 0.0])  # mean, mean square, n
+        entry = self._gain.setdefault(StepCost._bucket(num_seqs), [0.0, 0.0, 0.0])  # mean, mean square, n
         entry[2] += 1
-        weight = max(1.0 / entry[2], NODE_GAIN_DECAY)  # a plain mean at first, then a long moving average
+        weight = max(1.0 / entry[2], GAIN_DECAY)  # a plain mean at first, then a long moving average
         entry[0] += weight * (gain - entry[0])
         entry[1] += weight * (gain * gain - entry[1])
 
-    def should_draft(self, seqs: list[Sequence], prefill_tokens: int = 0) -> bool:
-        """Node planning: is drafting for these sequences worth its own cost this step?
+    def should_draft(self, seqs: list[Sequence], prefill_tokens: int = 0, priced_in: bool = False) -> bool:
+        """Is speculating for these sequences worth it this step, on the evidence of what it gained here before?
 
-        A node-planned drafter's work happens before the plan, so the plan cannot price it; this does. It
-        pays when the goodput gain of recent drafted steps at this batch size (`observe_node_step`: the
+        Depth planning (`priced_in`: its measured gains already pay for the drafting) asks it before planning
+        any depth: the gain guard of the module docstring. A node-planned drafter's work happens before the
+        plan, so the plan cannot price it; this does. It
+        pays when the goodput gain of recent drafted steps at this batch size (`observe_gain`: the
         nodes they verified and accepted, against plain decode) exceeds the drafting time as a share of the
         step. At batch 1 a lookup drafter's 0.3 ms is 2% of a step and easily paid for; at batch 12 drafting
         every sequence costs about 5% of a step while near-certain nodes are all that pay for their rows.
@@ -406,8 +422,8 @@ class SpeculationPlanner:
         if any(is_pinned(seq) for seq in seqs):
             return True
         cost, prefill_tokens = self._decode_cost(prefill_tokens)
-        mean, square, steps = self._node_gain.get(StepCost._bucket(len(seqs)), (0.0, 0.0, 0.0))
-        if cost is None or steps < NODE_GAIN_EVIDENCE or not self.draft_cost.known:
+        mean, square, steps = self._gain.get(StepCost._bucket(len(seqs)), (0.0, 0.0, 0.0))
+        if cost is None or steps < GAIN_EVIDENCE or not (priced_in or self.draft_cost.known):
             self._skipped = 0
             return True
         if self._skipped >= self._draft_explore_every:  # drafted once to measure again; next time later
@@ -417,8 +433,9 @@ class SpeculationPlanner:
         # Optimistic, as the planner's acceptance estimates are: the mean plus one standard error. A bursty
         # drafter's gain varies widely, so drafting is only skipped where the evidence is firm that it costs
         # more than it wins (at batch 12 the gain is steadily near nothing; at batch 1 it is not).
-        spread = math.sqrt(max(square - mean * mean, 0.0) / min(steps, 1.0 / NODE_GAIN_DECAY))
-        share = self.draft_cost.predict(len(seqs)) / max(cost.predict(prefill_tokens + len(seqs)), 1e-9)
+        spread = math.sqrt(max(square - mean * mean, 0.0) / min(steps, 1.0 / GAIN_DECAY))
+        plain = max(cost.predict(prefill_tokens + len(seqs)), 1e-9)
+        share = 0.0 if priced_in else self.draft_cost.predict(len(seqs)) / plain
         if mean + spread > share:
             self._skipped = 0
             self._draft_explore_every = EXPLORE_AFTER

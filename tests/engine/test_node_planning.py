@@ -11,7 +11,7 @@ import pytest
 
 from specdec.config import SamplingParams
 from specdec.drafters.none import NoDrafter
-from specdec.engine.planner import NODE_GAIN_EVIDENCE
+from specdec.engine.planner import GAIN_EVIDENCE
 from specdec.tree.spec import chain
 from specdec.tree.token_tree import TokenTree
 from tests.helpers import ScriptedDrafter, StepClock, run_all, tiny_engine, tiny_model
@@ -65,7 +65,7 @@ def test_a_drafter_whose_nodes_are_never_accepted_stops_being_consulted(model, m
     # drafting is skipped once its gain is measured at nothing, and retried after EXPLORE_AFTER steps (then
     # after twice as many each time it wins nothing)
     assert drafter.proposals < steps / 3
-    assert drafter.proposals >= NODE_GAIN_EVIDENCE + 1
+    assert drafter.proposals >= GAIN_EVIDENCE + 1
 
 
 def test_node_planning_is_an_opt_in_option_of_the_lookup_drafters():

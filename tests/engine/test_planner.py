@@ -165,7 +165,7 @@ def test_node_plans_give_seeded_sampled_requests_every_node():
 
 
 def test_drafting_is_skipped_while_it_costs_more_than_it_gains_and_retried():
-    from specdec.engine.planner import EXPLORE_AFTER, NODE_GAIN_EVIDENCE
+    from specdec.engine.planner import EXPLORE_AFTER, GAIN_EVIDENCE
 
     seqs = [seq(i) for i in range(8)]
     cheap = planner(cost_per_token=0.002, fixed=0.01)
@@ -173,9 +173,9 @@ def test_drafting_is_skipped_while_it_costs_more_than_it_gains_and_retried():
     dear = planner(cost_per_token=0.002, fixed=0.01)
     dear.observe_draft(1, 0.005, num_seqs=8)  # a fifth of the 26 ms step
     for p in (cheap, dear):
-        for _ in range(NODE_GAIN_EVIDENCE):
+        for _ in range(GAIN_EVIDENCE):
             assert p.should_draft(seqs)  # never skipped before the gain at this batch size is known
-            p.observe_node_step(8, verified_nodes=2, accepted=2)  # two tokens for two rows: +8% goodput
+            p.observe_gain(8, verified_nodes=2, accepted=2)  # two tokens for two rows: +8% goodput
     assert cheap.should_draft(seqs)
     decisions = [dear.should_draft(seqs) for _ in range(EXPLORE_AFTER + 1)]
     assert decisions == [False] * EXPLORE_AFTER + [True]  # skipped, then drafted once to measure again
@@ -370,3 +370,62 @@ def test_seeded_sampled_requests_keep_their_trees_while_a_price_is_re_measured()
     stale_plain_price(p, REMEASURE_AFTER + 1)
     seqs = [seq(0, [6, 5, 5], [10] * 3, temperature=0.8, seed=1), seq(1, [6, 5, 5], [10] * 3)]
     assert p.plan(seqs, chain(3)) == [3, 0]
+
+
+def test_a_depth_plan_whose_speculative_steps_lose_goodput_stops_speculating_at_that_batch_size():
+    """The depth plan trusts its acceptance estimates; where what its speculative steps really gained (tokens
+    accepted for the rows verified and the drafting done, priced on the step-cost curve) falls short of plain
+    decode at this batch size, it plans plain decode there, with a speculative step now and then to measure
+    again. Other batch sizes keep their own evidence. (A hybrid drafter at batch 8 on AVX2 bought rows at 0.42
+    accepted tokens each where 0.6 pays: 0.90x of plain decode.)"""
+    from specdec.engine.planner import EXPLORE_AFTER, GAIN_EVIDENCE
+
+    p = planner(cost_per_token=0.002, fixed=0.01)  # a row costs a fifth of a plain batch-1 step
+    hopeful = [seq(i, [9, 8], [10, 10]) for i in range(8)]  # histories that promise a lot
+    assert any(p.plan(hopeful, chain(2)))
+    for _ in range(GAIN_EVIDENCE):
+        p.observe_gain(8, verified_nodes=16, accepted=3, draft_seconds=0.001)  # 3 tokens for 16 rows
+    plans, idle = [], []
+    for _ in range(EXPLORE_AFTER + 1):
+        plans.append(p.plan(hopeful, chain(2)))
+        idle.append(p.idle)
+    assert plans[:-1] == [[0] * 8] * EXPLORE_AFTER and any(plans[-1])  # off, then one step to measure again
+    assert idle[-2] and not idle[-1]  # the engine stops paying for what only speculation uses, until then
+    alone = [seq(0, [9, 8], [10, 10])]
+    assert any(p.plan(alone, chain(2)))  # batch 1 has no such evidence
+    paying = planner(cost_per_token=0.002, fixed=0.01)
+    for _ in range(GAIN_EVIDENCE):
+        paying.observe_gain(8, verified_nodes=16, accepted=14, draft_seconds=0.001)
+    assert all(any(paying.plan(hopeful, chain(2))) for _ in range(EXPLORE_AFTER + 1))
+    pinned = seq(9, temperature=0.8, seed=1)
+    assert p.plan(hopeful[:7] + [pinned], chain(2))[-1] == 2  # a seeded sampled request keeps its full tree
+
+
+def test_the_engine_reports_what_each_speculative_step_of_the_depth_plan_gained(monkeypatch):
+    """The gain guard above needs the engine's figures: a drafter that is always wrong records a loss (rows
+    bought for nothing), one that is always right a gain."""
+    from tests.helpers import ScriptedDrafter, StepClock, tiny_engine, tiny_model
+
+    model = tiny_model(seed=5, vocab=16, sharpness=3.0)
+    prompts, params = [[1, 2, 3], [4, 5, 6, 7], [8, 9]], SamplingParams(max_new_tokens=24, ignore_eos=True)
+
+    def run(drafter):
+        engine = tiny_engine(model, drafter, chain(3), kv_cache_tokens=1024, block_size=4, adaptive_speculation=True)
+        StepClock().install(engine, monkeypatch)
+        seqs = [engine.add_request(p, params) for p in prompts]
+        while engine.has_unfinished():
+            engine.step()
+        return engine.planner, [s.output_ids for s in seqs]
+
+    from specdec.drafters.none import NoDrafter
+
+    _, plain = run(NoDrafter())
+    continuation = dict(enumerate(plain))
+    gains = {}
+    for name, offset in (("right", 0), ("liar", 1)):
+        p, outputs = run(ScriptedDrafter(name, continuation, offset=offset, score=0.5, vocab=16))
+        assert outputs == plain
+        steps = sum(entry[2] for entry in p._gain.values())
+        assert steps > 0
+        gains[name] = sum(entry[0] * entry[2] for entry in p._gain.values()) / steps
+    assert gains["liar"] < 0 < gains["right"]
