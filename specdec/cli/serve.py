@@ -12,6 +12,12 @@ from specdec.errors import ConfigError, SpecdecError
 # prefilled whole stalled the others 0.85 s; in chunks of 64 the inter-token p99 fell from 0.86 s to 0.18 s with
 # time to first token unchanged (4.4-4.6 s p50), plain decode and `suffix` alike.
 CPU_PREFILL_WHILE_DECODING = 64
+# The default drafter and tree: the best measured on both of the serving goals (bench/results/serve_avx2/*_guard,
+# smollm2-135m int8 on one AVX2 core). Mostly one request at a time (0.2 req/s, 128 tokens, seeds 0-2) the
+# hybrid on a 3-node chain lowers inter-token latency p50 1.68-1.77x; at saturation the planner's gain guard holds
+# it near plain decode's throughput. `suffix` alone gave 1.07-1.64x and lost 5-8% at saturation in the same runs.
+DEFAULT_DRAFTER = "hybrid:suffix+recycle"
+DEFAULT_TREE = "chain:k=2"
 
 
 def serve(
@@ -20,8 +26,11 @@ def serve(
     dtype: str = typer.Option("float32", help="float32, bfloat16 or float16."),
     quantize: Optional[str] = typer.Option(
         None, help="int8, int7 or int4 weights, int8 activations, on CPU (int7: faster tree verification on AVX2)."),
-    drafter: str = typer.Option("none", help="none, ngram[:n=3,k=8], draft, medusa, eagle, eagle3, ..."),
-    tree: Optional[str] = typer.Option(None, help="chain:k=5, static:<name|file>, dynamic:depth=6,topk=8,budget=60."),
+    drafter: str = typer.Option(DEFAULT_DRAFTER, help="none (plain decode), suffix, recycle, ngram[:n=3,k=8], "
+                                                      "hybrid:A+B, draft, medusa, eagle, eagle3, ..."),
+    tree: Optional[str] = typer.Option(
+        None, help=f"chain:k=5, static:<name|file>, dynamic:depth=6,topk=8,budget=60 (default: {DEFAULT_TREE} with "
+                   "the default drafter, else the drafter's own)."),
     host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0 for every interface)."),
     port: int = typer.Option(8000, help="TCP port (0 = any free port; the log line names it)."),
     model_name: Optional[str] = typer.Option(None, help="The model id clients send (default: --target)."),
@@ -58,6 +67,8 @@ def serve(
             raise ConfigError("--prefill-while-decoding must be >= 0 (0: no cap)")
         from specdec.config import EngineConfig
 
+        if tree is None and drafter == DEFAULT_DRAFTER:
+            tree = DEFAULT_TREE
         if prefill_while_decoding is None:  # a CPU step costs ~2.5 ms a prompt token for the default model
             prefill_while_decoding = 0 if device.startswith("cuda") else CPU_PREFILL_WHILE_DECODING
         config = EngineConfig(max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens,

@@ -86,7 +86,8 @@ class OpenAIServer:
         return {"object": "list", "data": [{
             "id": self.model_name, "object": "model", "created": self.created, "owned_by": "specdec",
             "max_model_len": self.max_len,
-            "specdec": {"drafter": self.llm.drafter_spec, "quantize": self.llm.quantize},
+            "specdec": {"drafter": self.llm.drafter_spec, "tree": self.llm.tree_spec.describe(),
+                        "quantize": self.llm.quantize},
         }]}
 
     async def completions(self, request: Request) -> Response:

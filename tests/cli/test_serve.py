@@ -29,6 +29,9 @@ def test_serve_answers_the_openai_client():
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
         out = client.completions.create(model="tiny", prompt="hello", max_tokens=5, temperature=0)
         assert out.usage.completion_tokens == 5
+        # speculation is on by default: the hybrid on a 3-node chain, the best measured on both serving goals
+        served = client.models.list().data[0].model_extra["specdec"]
+        assert (served["drafter"], served["tree"]) == ("hybrid:suffix+recycle", "chain:k=2")
     finally:
         proc.terminate()
         proc.wait(30)
