@@ -204,8 +204,8 @@ def render_markdown(result: dict) -> str:
     lines = [f"Output tok/s by concurrency ({result['target']}, greedy, up to {result['new_tokens']} new tokens, "
              f"{result['threads']} thread(s)). Ratios: over transformers `generate` (fp32, static batches) and over "
              "our plain decode in the same precision.", "",
-             "| concurrency | engine | precision | method | tok/s | vs transformers | vs our plain | tau | agrees with plain "
-             "| forwards vs plain | forward tokens vs plain |",
+             "| concurrency | engine | precision | method | tok/s | vs transformers | vs our plain | tau "
+             "| agrees with plain | forwards vs plain | forward tokens vs plain |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         fmt = lambda x, suffix="x": "-" if x is None else f"{x:.2f}{suffix}"  # noqa: E731

@@ -314,7 +314,7 @@ class Engine:
             self.nodes.observe(batch.decodes, trees, results)
         elif self._draft_seconds is not None:  # a speculative step of the depth plan: what it really gained
             self.planner.observe_gain(len(trees), sum(len(tree) - 1 for tree in trees),
-                                           sum(result.num_accepted_drafts for result in results), self._draft_seconds)
+                                      sum(result.num_accepted_drafts for result in results), self._draft_seconds)
         self._draft_seconds = None
         for seq, tree, result in zip(batch.decodes, trees, results):
             self._record(seq, tree, result, draft_s, verify_s)

@@ -69,7 +69,7 @@ class NodePlannedDrafting:
         if self._drafted:
             self._drafted = False
             self.planner.observe_gain(len(trees), sum(len(tree) - 1 for tree in trees),
-                                           sum(result.num_accepted_drafts for result in results))
+                                      sum(result.num_accepted_drafts for result in results))
         calibration = self.planner.calibration
         for seq, tree, result in zip(seqs, trees, results):
             ranked, count = self._ranked.pop(seq.seq_id, (None, 0))

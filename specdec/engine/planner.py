@@ -82,9 +82,10 @@ EXPLORE_MAX = 16 * EXPLORE_AFTER
 REMEASURE_AFTER = 16
 REMEASURE_MAX = 16 * REMEASURE_AFTER
 REMEASURE_TOLERANCE = 0.25
-# Node planning's measured gain is a long-run average: retrieval drafters win in bursts (a copied span) between
-# runs of steps with nothing to propose, and a short average dipped below the drafting cost after a few empty
-# steps and skipped the next burst (suffix fell from 1.31x to 1.17x at batch 1 with a decay of 1/4).
+# The measured gain (node planning's drafting decision, the depth plan's gain guard) is a long-run average:
+# retrieval drafters win in bursts (a copied span) between runs of steps with nothing to propose, and a short
+# average dipped below the drafting cost after a few empty steps and skipped the next burst (suffix fell from
+# 1.31x to 1.17x at batch 1 with a decay of 1/4).
 GAIN_DECAY = 1 / 32
 GAIN_EVIDENCE = 8  # drafted steps at a batch size before drafting there may be skipped
 # Plans in a row without speculation after which the planner counts as idle, and the engine stops paying for
@@ -412,13 +413,12 @@ class SpeculationPlanner:
 
         Depth planning (`priced_in`: its measured gains already pay for the drafting) asks it before planning
         any depth: the gain guard of the module docstring. A node-planned drafter's work happens before the
-        plan, so the plan cannot price it; this does. It
-        pays when the goodput gain of recent drafted steps at this batch size (`observe_gain`: the
-        nodes they verified and accepted, against plain decode) exceeds the drafting time as a share of the
-        step. At batch 1 a lookup drafter's 0.3 ms is 2% of a step and easily paid for; at batch 12 drafting
-        every sequence costs about 5% of a step while near-certain nodes are all that pay for their rows.
-        Skipped steps are counted, and after `EXPLORE_AFTER` of them one step drafts anyway, so the gain is
-        measured again as the workload moves."""
+        plan, so the plan cannot price it; this does. It pays when the goodput gain of recent drafted steps
+        at this batch size (`observe_gain`: the nodes they verified and accepted, against plain decode)
+        exceeds the drafting time as a share of the step. At batch 1 a lookup drafter's 0.3 ms is 2% of a step
+        and easily paid for; at batch 12 drafting every sequence costs about 5% of a step while near-certain
+        nodes are all that pay for their rows. Skipped steps are counted, and after `EXPLORE_AFTER` of them one
+        step drafts anyway, so the gain is measured again as the workload moves."""
         if any(is_pinned(seq) for seq in seqs):
             return True
         cost, prefill_tokens = self._decode_cost(prefill_tokens)
