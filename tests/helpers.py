@@ -15,6 +15,7 @@ from specdec.models.config import ModelConfig
 from specdec.models.loader import build_model
 from specdec.models.llama import LlamaModel
 from specdec.tree.spec import TreeSpec, chain
+from specdec.tree.token_tree import TokenTree
 
 
 def in_ci() -> bool:
@@ -118,6 +119,4 @@ class ScriptedDrafter(DrafterBase):
         """The same chains unscored, for the depth plan (node planning asks only for scored trees)."""
         if seqs and self.plans_by_node:
             raise AssertionError("a node-planned scripted drafter is only asked for scored trees")
-        from specdec.tree.token_tree import TokenTree
-
         return [TokenTree.chain(scored.tokens) for scored in self.propose_scored(seqs, spec)] if seqs else []

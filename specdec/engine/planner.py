@@ -278,9 +278,9 @@ class SpeculationPlanner:
                                        self.cost.measured_up_to())
             return self._explore_if_idle(chosen, [b[0] for b in betas], [spec.depth] * len(seqs))
         pinned = [is_pinned(seq) for seq in seqs]
-        if not self.should_draft(seqs, prefill_tokens, priced_in=True):  # the gain guard (module docstring)
-            return [spec.depth if pin else 0 for pin in pinned]
         depths = [spec.depth if pin else 0 for pin in pinned]
+        if not self.should_draft(seqs, prefill_tokens, priced_in=True):  # the gain guard (module docstring)
+            return depths
         gained = sum(sum(b) for b, pin in zip(betas, pinned) if pin)
         extra_nodes = nodes[spec.depth] * sum(pinned)
         deepest = spec.depth if any(pinned) else 0

@@ -404,7 +404,7 @@ def test_a_depth_plan_whose_speculative_steps_lose_goodput_stops_speculating_at_
 def test_the_engine_reports_what_each_speculative_step_of_the_depth_plan_gained(monkeypatch):
     """The gain guard above needs the engine's figures: a drafter that is always wrong records a loss (rows
     bought for nothing), one that is always right a gain."""
-    from tests.helpers import ScriptedDrafter, StepClock, tiny_engine, tiny_model
+    from tests.helpers import ScriptedDrafter, StepClock, run_all, tiny_engine, tiny_model
 
     model = tiny_model(seed=5, vocab=16, sharpness=3.0)
     prompts, params = [[1, 2, 3], [4, 5, 6, 7], [8, 9]], SamplingParams(max_new_tokens=24, ignore_eos=True)
@@ -413,8 +413,7 @@ def test_the_engine_reports_what_each_speculative_step_of_the_depth_plan_gained(
         engine = tiny_engine(model, drafter, chain(3), kv_cache_tokens=1024, block_size=4, adaptive_speculation=True)
         StepClock().install(engine, monkeypatch)
         seqs = [engine.add_request(p, params) for p in prompts]
-        while engine.has_unfinished():
-            engine.step()
+        run_all(engine)
         return engine.planner, [s.output_ids for s in seqs]
 
     from specdec.drafters.none import NoDrafter
