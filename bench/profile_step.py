@@ -168,20 +168,20 @@ def decode_steps(llm: LLM, prompts: list[list[int]], steps: int, timer: StepTime
 
 @contextmanager
 def compiled_kernels(mode: str) -> Iterator[None]:
-    """on: the compiled kernels on this CPU's best instruction set; avx2: the same kernels held to their AVX2
-    paths (the same bits, at the speed of a CPU without AVX-512); off: the torch reference path (plain forward,
-    reference attention, float64 K/V for int8), the engine as it was before the compiled kernels. All three in
-    this same process."""
+    """on: the compiled kernels on this CPU's best instruction set; avx512 and avx2: the same kernels held to
+    that level (the same bits, at the speed of a CPU without AMX, or without AVX-512); off: the torch reference
+    path (plain forward, reference attention, float64 K/V for int8), the engine as it was before the compiled
+    kernels. All in this same process."""
     old = os.environ.get("SPECDEC_CPU_KERNELS")
     os.environ["SPECDEC_CPU_KERNELS"] = "0" if mode == "off" else "1"
     isa = cpu_kernels.isa() if mode != "off" and cpu_kernels.available() else None
     if isa is not None:
-        cpu_kernels.isa("avx2" if mode == "avx2" else "avx512")
+        cpu_kernels.isa(mode if mode in ("avx2", "avx512") else "amx")
     try:
         yield
     finally:
         if isa is not None:
-            cpu_kernels.isa("avx512" if isa == "avx512" else "avx2")
+            cpu_kernels.isa(isa if isa in ("amx", "avx512") else "avx2")
         if old is None:
             del os.environ["SPECDEC_CPU_KERNELS"]
         else:
@@ -220,8 +220,8 @@ def main() -> None:
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--precision", default="int8,fp32", help=f"comma list of {', '.join(PRECISIONS)}")
     parser.add_argument("--kernels", default="on", help="comma list of on (compiled CPU kernels, best instruction "
-                        "set), avx2 (the same kernels held to AVX2), off (the torch reference path, as before them): "
-                        "'on,avx2,off' measures all three in one process")
+                        "set), avx512 / avx2 (the same kernels held to that level), off (the torch reference path, as "
+                        "before them): 'on,avx512,avx2,off' measures all of them in one process")
     parser.add_argument("--batch", default="1", help="comma list of batch sizes")
     parser.add_argument("--tree", action="append", help="tree spec (repeatable); 'none' = plain decode. "
                         "Default: none and dynamic:depth=4,topk=2,budget=7 (8 nodes with the root)")

@@ -304,11 +304,31 @@ def unpack_q4(w_tiles: Tensor, d_tiles: Tensor, n: int) -> tuple[Tensor, Tensor]
     return w, d
 
 
+AMX_BLOCK, AMX_CHUNK = 16, 64  # output channels and inputs of one AMX weight block (a B tile)
+
+
+def pack_q8_amx(tiles: Tensor, n: int) -> Tensor:
+    """`pack_q8` tiles of int8 weights W `[N, K]` -> the AMX kernel's copy, flat `[ceil(N / 16) * 16 * K]`: per
+    block of 16 channels, per step of 64 inputs (in order), a tile of 16 rows of 64 bytes whose row i holds
+    inputs 4i .. 4i + 3 of each of the 16 channels (tdpbssd's B operand). Padding channels are 0. K must be a
+    multiple of 64."""
+    k = tiles.shape[1]
+    if k % AMX_CHUNK:
+        raise ValueError(f"the AMX layout needs K divisible by {AMX_CHUNK}, got {k}")
+    blocks = -(-n // AMX_BLOCK)
+    w = torch.zeros(blocks * AMX_BLOCK, k, dtype=torch.int8)
+    w[:n] = unpack_q8(tiles, n)
+    # [block, channel, step, row i, 4] -> [block, step, row i, channel, 4]
+    w = w.view(blocks, AMX_BLOCK, k // AMX_CHUNK, AMX_CHUNK // 4, 4).permute(0, 2, 3, 1, 4)
+    return w.reshape(-1).contiguous()
+
+
 def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None,
-              weight_bits: int = 8) -> Tensor:
+              weight_bits: int = 8, w_amx: Tensor | None = None) -> Tensor:
     """int8 rows `q [T, K]` (x ~ q * s) times int8 weights (`pack_q8` tiles of W ~ w * w_scale[:, None]): the
     exact integer dot, then `acc * (s * w_scale) + bias` in float32, the compiled kernel's rounding step for step.
-    `weight_bits=7` promises weights in [-63, 63] (the compiled kernel's faster AVX2 path relies on it)."""
+    `weight_bits=7` promises weights in [-63, 63] (the compiled kernel's faster AVX2 path relies on it). `w_amx`
+    (`pack_q8_amx` of the same weights, for the compiled kernel's AMX path) changes nothing here."""
     w = unpack_q8(w, w_scale.numel())
     if weight_bits == 7 and w.abs().max() > 63:
         raise ValueError("weight_bits=7 needs weights in [-63, 63]")

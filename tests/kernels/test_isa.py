@@ -1,7 +1,9 @@
-"""The AVX-512 paths of the compiled CPU kernels give the AVX2 paths' bits, so which instruction set a machine
-has never changes a token: the int8 and int4 linears' VNNI tiles (qlinear_vnni.cpp: the same exact integer
-sums) and attention's three-heads-at-a-time blocks (attention_rows.h: the same multiply-adds per query and key,
-in the same order). The comparisons run where the CPU has AVX-512; the switch itself is checked everywhere."""
+"""The AVX-512 and AMX paths of the compiled CPU kernels give the AVX2 paths' bits, so which instruction set a
+machine has never changes a token: the int8 and int4 linears' VNNI tiles (qlinear_vnni.cpp: the same exact
+integer sums), the int8 linears' AMX tiles (qlinear_amx.cpp: the same again, on their own copy of the weights)
+and attention's three-heads-at-a-time blocks (attention_rows.h: the same multiply-adds per query and key, in the
+same order). The comparisons run where the CPU has AVX-512, or AMX; the switch and the AMX weight layout are
+checked everywhere."""
 
 from __future__ import annotations
 
@@ -29,10 +31,18 @@ def _isa(request: str):
     try:
         yield cpu.isa(request)
     finally:
-        cpu.isa("avx512" if before == "avx512" else "avx2")
+        cpu.isa(before if before in ("amx", "avx512") else "avx2")
+
+
+def _has_amx() -> bool:
+    if not cpu.available():
+        return False
+    with _isa("amx") as isa:
+        return isa == "amx"
 
 
 needs_avx512 = pytest.mark.skipif(not _has_avx512(), reason="this CPU has no AVX-512 (F, BW, DQ, VL, VNNI)")
+needs_amx = pytest.mark.skipif(not _has_amx(), reason="this CPU (or its kernel) offers no AMX-INT8")
 
 
 def _case(rows: int, k: int, n: int, seed: int):
@@ -47,12 +57,13 @@ def _case(rows: int, k: int, n: int, seed: int):
     return (q, s, gsum), (reference.pack_q8(w8), w_scale), (*reference.pack_q4(w4, d), m_t), bias
 
 
-def _both(run) -> tuple[torch.Tensor, torch.Tensor]:
-    with _isa("avx2"):
-        slow = run()
-    with _isa("avx512"):
-        fast = run()
-    return slow, fast
+def _both(run, slow: str = "avx2", fast: str = "avx512") -> tuple[torch.Tensor, torch.Tensor]:
+    """`run()` at two levels of the switch."""
+    with _isa(slow):
+        before = run()
+    with _isa(fast):
+        after = run()
+    return before, after
 
 
 def test_the_switch_reports_what_runs():
@@ -61,6 +72,8 @@ def test_the_switch_reports_what_runs():
         assert cpu.isa() == isa
     with _isa("avx512") as isa:
         assert isa == ("avx512" if _has_avx512() else cpu.isa("avx2"))
+    with _isa("amx") as isa:  # the best level up to AMX that this CPU has
+        assert isa == ("amx" if _has_amx() else "avx512" if _has_avx512() else cpu.isa("avx2"))
     with pytest.raises(RuntimeError, match="request must be"):
         cpu.isa("sse")
 
@@ -122,4 +135,86 @@ def test_isa_says_none_without_the_compiled_kernels(monkeypatch):
     monkeypatch.setenv("SPECDEC_CPU_KERNELS", "0")
     assert cpu.isa() == "none"
     monkeypatch.delenv("SPECDEC_CPU_KERNELS")
-    assert cpu.isa() in ("avx2", "avx512")
+    assert cpu.isa() in ("avx2", "avx512", "amx")
+
+
+def test_the_amx_layout_holds_each_tile_in_tdpbssd_order():
+    """Block b, step j, row i, column 4c + t holds W[16b + c, 64j + 4i + t]; padding channels are 0."""
+    n, k = 21, 128
+    w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=torch.Generator().manual_seed(3))
+    packed = reference.pack_q8_amx(reference.pack_q8(w), n).view(2, k // 64, 16, 64)
+    for b, j, i, c, t in [(0, 0, 0, 0, 0), (0, 1, 5, 7, 3), (1, 0, 15, 4, 2), (1, 1, 9, 0, 1)]:
+        assert packed[b, j, i, 4 * c + t] == w[16 * b + c, 64 * j + 4 * i + t]
+    assert not packed[1, :, :, 4 * (n - 16):].any()
+    with pytest.raises(ValueError, match="divisible by 64"):
+        reference.pack_q8_amx(reference.pack_q8(w[:, :96]), n)
+
+
+@needs_amx
+@pytest.mark.parametrize("bits", [8, 7])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 15, 16, 17, 33, 64, 65, 100])
+@pytest.mark.parametrize("k,n", [(64, 13), (576, 72), (1536, 4)])
+def test_amx_q8_tiles_equal_vnni_and_the_reference(bits, rows, k, n):
+    """Row counts cover one partial tile, whole tiles, a pass of four tiles and the passes after it; n = 13
+    and 4 leave most of a block of 16 channels as padding."""
+    from specdec.models.quant import quantize_weight_per_channel
+
+    gen = torch.Generator().manual_seed(rows + k + bits)
+    w, w_scale = quantize_weight_per_channel(torch.randn(n, k, generator=gen), bits)
+    q, s, _ = reference.quantize(torch.randn(rows, k, generator=gen) * 4, Q8)
+    tiles, bias = reference.pack_q8(w), torch.randn(n, generator=gen)
+    w_amx = reference.pack_q8_amx(tiles, n)
+    vnni, amx = _both(lambda: cpu.linear_q8(q, s, tiles, w_scale, bias, bits, w_amx), "avx512", "amx")
+    assert torch.equal(amx, vnni)
+    assert torch.equal(amx, reference.linear_q8(q, s, tiles, w_scale, bias, bits))
+
+
+@needs_amx
+def test_amx_q8_is_exact_at_the_extremes():
+    """Every product at its largest magnitude over 8,960 inputs (Qwen's down projection), in whole and partial
+    row tiles: the int32 sums must come out exact."""
+    k, n = 8960, 20
+    q = torch.full((18, k), -127, dtype=torch.int8)
+    q[1::3] = 127
+    q[2::3, ::2] = 127
+    w = torch.full((n, k), 127, dtype=torch.int8)
+    w[1::2] = -127
+    w[2, 1::3] = -128 + 1
+    tiles = reference.pack_q8(w)
+    _, amx = _both(lambda: cpu.linear_q8(q, torch.ones(18, 1), tiles, torch.ones(n), None, 8,
+                                         reference.pack_q8_amx(tiles, n)), "avx512", "amx")
+    assert torch.equal(amx, (q.long() @ w.long().T).float())
+
+
+@needs_amx
+def test_qlinear_carries_the_amx_copy_only_where_it_runs():
+    """A layer built at the amx level packs its weights for it (and gives the same output at every level); one
+    built at avx512 carries no copy; in_features not divisible by 64 never does."""
+    from specdec.models.qlinear import QLinear
+
+    linear = torch.nn.Linear(128, 40)
+    x = torch.randn(5, 128)
+    with _isa("amx"):
+        layer = QLinear.from_linear(linear)
+        odd = QLinear.from_linear(torch.nn.Linear(96, 8))
+        assert layer.weight_amx is not None and odd.weight_amx is None
+        assert "weight_amx" not in layer.state_dict()
+        amx = layer(x)
+    with _isa("avx512"):
+        assert QLinear.from_linear(linear).weight_amx is None
+        assert torch.equal(layer(x), amx)
+
+
+@needs_amx
+def test_the_amx_tiles_run_from_two_rows_and_read_their_own_copy():
+    """A copy that disagrees with the tiles shows in the output from two rows on (so the comparisons above
+    measured the AMX path, not a silent fallback), and not at one row, which takes the VNNI tile."""
+    w = torch.randint(-127, 128, (32, 64), dtype=torch.int8, generator=torch.Generator().manual_seed(5))
+    tiles, w_scale = reference.pack_q8(w), torch.ones(32)
+    wrong = reference.pack_q8_amx(reference.pack_q8(-w), 32)
+    q, s, _ = reference.quantize(torch.randn(2, 64), Q8)
+    with _isa("amx"):
+        assert torch.equal(cpu.linear_q8(q[:1], s[:1], tiles, w_scale, None, 8, wrong),
+                           reference.linear_q8(q[:1], s[:1], tiles, w_scale))
+        assert torch.equal(cpu.linear_q8(q, s, tiles, w_scale, None, 8, wrong),
+                           -reference.linear_q8(q, s, tiles, w_scale))

@@ -33,8 +33,8 @@ __all__ = ["argmax_rows", "available", "copy_kv_layers", "copy_kv_slots", "decod
            "linear_q4", "linear_q8", "paged_attention", "quantize", "recycle_expand", "recycle_write", "rms_norm",
            "rope_kv", "silu_mul", "top_k_probs", "write_kv"]
 SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp", "logit_rows.cpp", "qlinear.cpp",
-           "qlinear_vnni.cpp", "recycle_matrix.cpp")
-HEADERS = ("attention_rows.h", "isa.h", "ops.h", "qlinear_vnni.h", "vec.h")
+           "qlinear_amx.cpp", "qlinear_vnni.cpp", "recycle_matrix.cpp")
+HEADERS = ("attention_rows.h", "isa.h", "ops.h", "qlinear_amx.h", "qlinear_vnni.h", "vec.h")
 _HERE = Path(__file__).resolve().parent
 
 
@@ -146,16 +146,19 @@ def quantize(x: Tensor, mode: int) -> list[Tensor]:
 
 
 def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None,
-              weight_bits: int = 8) -> Tensor:
-    return torch.ops.specdec_cpu.linear_q8(q, s, w, w_scale, bias, weight_bits)
+              weight_bits: int = 8, w_amx: Tensor | None = None) -> Tensor:
+    return torch.ops.specdec_cpu.linear_q8(q, s, w, w_scale, bias, weight_bits, w_amx)
 
 
 def isa(request: str = "") -> str:
-    """The instruction set the kernels run on: "avx512" where the CPU has AVX-512 F/BW/DQ/VL/VNNI (the int8
-    linears' VNNI tiles, four times fewer instructions a product, and attention's three-heads-at-a-time blocks:
-    what makes extra verified rows cheap), else "avx2". `request` "avx2" forces the AVX2 paths and "avx512"
-    restores AVX-512, for A/B runs and tests; SPECDEC_CPU_ISA=avx2 does the same for a whole process. Both give
-    the same bits. Without the compiled kernels (`available()` False) it is "none"."""
+    """The instruction set the kernels run on: "amx" where the CPU has AMX-INT8 and AVX-512 (the int8 linears
+    multiply tiles of up to 16 rows at once, on weights `QLinear` packed for it at load: a tree's rows cost
+    no more arithmetic than one row's), "avx512" where it has AVX-512 F/BW/DQ/VL/VNNI (the int8 linears' VNNI
+    tiles, four times fewer instructions a product, and attention's three-heads-at-a-time blocks: what makes
+    extra verified rows cheap), else "avx2". `request` "avx2", "avx512" or "amx" chooses that level, or the best
+    below it the CPU has, for A/B runs and tests; SPECDEC_CPU_ISA does the same for a whole process (set before
+    loading a model, "avx2" or "avx512" also skips the AMX copy of its weights). Every level gives the same
+    bits. Without the compiled kernels (`available()` False) it is "none"."""
     if not available():
         return "none"
     return torch.ops.specdec_cpu.isa(request)

@@ -7,12 +7,35 @@
 #include <cstring>
 #include <string>
 
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace specdec {
 namespace isa {
 
 namespace {
-int active = -1;  // -1 undecided; 0 AVX2; 1 AVX-512
+enum Level { kUndecided = -1, kAvx2 = 0, kAvx512 = 1, kAmx = 2 };
+int active = kUndecided;
+
+int best() { return amx_supported() ? kAmx : avx512_supported() ? kAvx512 : kAvx2; }
+
+// The level a request names, capped at what the CPU has: "avx2", "avx512" or "amx".
+int level_of(const std::string& name) {
+  const int want = name == "amx" ? kAmx : name == "avx512" ? kAvx512 : kAvx2;
+  return want < best() ? want : best();
 }
+
+int current() {
+  if (active == kUndecided) {
+    const char* forced = std::getenv("SPECDEC_CPU_ISA");  // "avx2" or "avx512": the A/B switch of the benches
+    active = forced && *forced ? level_of(forced) : best();
+  }
+  return active;
+}
+}  // namespace
 
 bool avx512_supported() {
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
@@ -25,23 +48,35 @@ bool avx512_supported() {
 #endif
 }
 
-bool avx512() {
-  if (active < 0) {
-    const char* forced = std::getenv("SPECDEC_CPU_ISA");  // "avx2": the A/B switch of the benches
-    active = avx512_supported() && !(forced && std::strcmp(forced, "avx2") == 0) ? 1 : 0;
-  }
-  return active == 1;
+bool amx_supported() {
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__) && defined(__linux__)
+  static const bool ok = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!avx512_supported() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    const bool tile = edx & (1u << 24), int8 = edx & (1u << 25);
+    // Linux hands out the 8 KiB of tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
+    // XFEATURE_XTILEDATA); without it the first tile instruction kills the process.
+    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
+    return tile && int8 && syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
+  }();
+  return ok;
+#else
+  return false;
+#endif
 }
 
-void set_avx512(bool on) { active = on && avx512_supported() ? 1 : 0; }
+bool avx512() { return current() >= kAvx512; }
+
+bool amx() { return current() == kAmx; }
 
 namespace {
-// "avx512" or "avx2" ("scalar" in a build without AVX2). `request`: "" asks only; "avx2" forces the AVX2
-// paths; "avx512" restores AVX-512 where the CPU has it.
+// "amx", "avx512" or "avx2" ("scalar" in a build without AVX2). `request`: "" asks only; "avx2", "avx512" or
+// "amx" choose that level, or the best below it that the CPU has.
 std::string isa_op(const std::string& request) {
-  TORCH_CHECK(request.empty() || request == "avx2" || request == "avx512",
-              "isa: request must be '', 'avx2' or 'avx512'");
-  if (!request.empty()) set_avx512(request == "avx512");
+  TORCH_CHECK(request.empty() || request == "avx2" || request == "avx512" || request == "amx",
+              "isa: request must be '', 'avx2', 'avx512' or 'amx'");
+  if (!request.empty()) active = level_of(request);
+  if (amx()) return "amx";
   if (avx512()) return "avx512";
 #if defined(__AVX2__)
   return "avx2";

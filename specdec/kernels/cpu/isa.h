@@ -1,15 +1,23 @@
-// Which instruction set the compiled CPU kernels run on: AVX2 everywhere on x86, and where the CPU has AVX-512
-// (F, BW, DQ, VL and VNNI) the int8 linears' VNNI tiles (qlinear_vnni.cpp) and attention's wide blocks
-// (attention_rows.h). Both give the same bits; the switch exists for A/B runs and for the tests that prove it.
+// Which instruction set the compiled CPU kernels run on, in three levels that give the same bits:
+//   avx2    every x86 CPU: the base build of every kernel;
+//   avx512  AVX-512 (F, BW, DQ, VL and VNNI): the int8 linears' VNNI tiles (qlinear_vnni.cpp) and attention's
+//           wide blocks (attention_rows.h);
+//   amx     AVX-512 plus AMX-INT8 with the OS's leave to use its tile registers: the int8 linears multiply
+//           whole 16-row tiles (qlinear_amx.cpp); everything else as avx512.
+// The switch exists for A/B runs and for the tests that prove the levels agree.
 #pragma once
 
 namespace specdec {
 namespace isa {
 
 bool avx512_supported();
-// Whether the AVX-512 paths run now: supported, unless SPECDEC_CPU_ISA=avx2 or set_avx512(false).
+// AMX-INT8 on this CPU, and the kernel's permission for this process to use the tile data (asked once).
+bool amx_supported();
+// Whether the AVX-512 paths run now (true at the amx level too): supported, unless SPECDEC_CPU_ISA=avx2 or a
+// request chose avx2.
 bool avx512();
-void set_avx512(bool on);
+// Whether the AMX int8 tiles run now: supported, unless SPECDEC_CPU_ISA=avx512 / avx2 or a request chose so.
+bool amx();
 
 }  // namespace isa
 }  // namespace specdec

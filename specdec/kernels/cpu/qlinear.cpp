@@ -15,14 +15,18 @@
 // unsigned operand, q the signed one (2 * 127 * 127 still fits), and 64 * sum_k q comes off the sum. One vector
 // op fewer per 32 products per row (and the add of 64 is shared by the rows): 1.15-1.25x faster at 4-16 rows,
 // where this kernel is bound by arithmetic rather than by memory (bench/int8_rows.py).
+// AVX-512 VNNI (qlinear_vnni.cpp) and AMX (qlinear_amx.cpp, on a second copy of the weights in its own layout)
+// compute the same exact integer dots and the same float steps, so every level of isa.h gives the same bits.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "isa.h"
 #include "ops.h"
+#include "qlinear_amx.h"
 #include "qlinear_vnni.h"
 #include "vec.h"
 
@@ -140,7 +144,8 @@ void tile_rows(const int8_t* qp, const int32_t* qsum, int64_t rows, int64_t k, c
 }
 
 at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor& w, const at::Tensor& w_scale,
-                     const c10::optional<at::Tensor>& bias, int64_t weight_bits) {
+                     const c10::optional<at::Tensor>& bias, int64_t weight_bits,
+                     const c10::optional<at::Tensor>& w_amx) {
   TORCH_CHECK(weight_bits == 8 || weight_bits == 7, "weight_bits must be 8 or 7");
   const int64_t n = w_scale.numel(), rows = q.size(0);
   const int64_t tiles = (n + kTile - 1) / kTile;
@@ -156,6 +161,22 @@ at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
   const float* sp = s.data_ptr<float>();
   const float* ws = w_scale.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+  // The same weights in AMX blocks (qlinear_amx.cpp), for two rows or more: one row is bound by memory either
+  // way, and the VNNI tile streams it 4% faster (no 16-row activation tiles to load; bench/int8_rows.py).
+  if (rows >= 2 && w_amx.has_value() && w_amx->defined() && isa::amx()) {
+    const int64_t blocks = (n + amx::kBlock - 1) / amx::kBlock;
+    TORCH_CHECK(w_amx->scalar_type() == at::kChar && w_amx->is_contiguous() && k % amx::kChunk == 0 &&
+                    w_amx->numel() == blocks * amx::kBlock * k,
+                "w_amx must be int8 blocks [ceil(N / 16) * 16 * K] with K divisible by 64 "
+                "(specdec.kernels.reference.pack_q8_amx)");
+    const int8_t* ap = w_amx->data_ptr<int8_t>();
+    std::vector<int8_t> padded(((rows + amx::kBlock - 1) / amx::kBlock) * amx::kBlock * k, 0);
+    std::copy(qp, qp + rows * k, padded.begin());
+    at::parallel_for(0, blocks, kColBlock / amx::kBlock, [&](int64_t begin, int64_t end) {
+      amx::q8_rows(padded.data(), rows, k, ap, sp, ws, b, begin, end, n, yp);
+    });
+    return y;
+  }
   constexpr int64_t kTilesPerTask = kColBlock / kTile;
   const bool vnni = isa::avx512();
   // the correction term of the VNNI tiles (qlinear_vnni.cpp) and of the 7-bit ones
@@ -312,8 +333,9 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
 
 namespace ops {
 at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor& w, const at::Tensor& w_scale,
-                     const c10::optional<at::Tensor>& bias, int64_t weight_bits) {
-  return specdec::linear_q8(q, s, w, w_scale, bias, weight_bits);
+                     const c10::optional<at::Tensor>& bias, int64_t weight_bits,
+                     const c10::optional<at::Tensor>& w_amx) {
+  return specdec::linear_q8(q, s, w, w_scale, bias, weight_bits, w_amx);
 }
 at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor& gsum, const at::Tensor& w,
                      const at::Tensor& d, const at::Tensor& m_t, const c10::optional<at::Tensor>& bias) {
@@ -323,7 +345,8 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
 }  // namespace specdec
 
 TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {
-  m.def("linear_q8(Tensor q, Tensor s, Tensor w, Tensor w_scale, Tensor? bias, int weight_bits=8) -> Tensor");
+  m.def("linear_q8(Tensor q, Tensor s, Tensor w, Tensor w_scale, Tensor? bias, int weight_bits=8, Tensor? w_amx=None) "
+        "-> Tensor");
   m.def("linear_q4(Tensor q, Tensor s, Tensor gsum, Tensor w, Tensor d, Tensor m_t, Tensor? bias) -> Tensor");
   m.impl("linear_q8", c10::DispatchKey::CPU, &specdec::linear_q8);
   m.impl("linear_q4", c10::DispatchKey::CPU, &specdec::linear_q4);
