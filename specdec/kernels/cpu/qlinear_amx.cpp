@@ -32,8 +32,10 @@ namespace amx {
 namespace {
 
 // The 64-byte tile configuration (palette 1): accumulators C in tmm0 .. tmm3 (16 rows of 16 int32 each), the
-// activations A in tmm6 (16 rows of 64 bytes), the weights B in tmm7 (16 rows of 64 bytes). One configuration
-// for every call: reconfiguring per row block (ldtilecfg) cost more than the arithmetic it saved.
+// activations A in tmm4 and tmm5 and the weights B in tmm6 and tmm7 (16 rows of 64 bytes each), the two pairs
+// taking steps of 64 inputs in turn, so that the next step's loads need not wait for this step's multiply to
+// have read its registers. One configuration for every call: reconfiguring per row block (ldtilecfg) cost
+// more than the arithmetic it saved.
 // Weight tiles ahead to prefetch: 2 and 4 measured 3-5% faster than none (the hardware's streamer alone) and
 // than 8 or 16, at 1-8 rows (bench/int8_rows.py, rebuilt for each distance).
 constexpr int64_t kAhead = 2;
@@ -48,7 +50,7 @@ struct alignas(64) TileConfig {
 
 void configure() {
   TileConfig cfg;
-  for (int t : {0, 1, 2, 3, 6, 7}) {
+  for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = kBlock;
     cfg.colsb[t] = 64;
   }
@@ -88,25 +90,35 @@ void q8_rows(const int8_t* q, int64_t rows, int64_t k, const int8_t* wp, const f
       if (blocks > 1) _tile_zero(1);
       if (blocks > 2) _tile_zero(2);
       if (blocks > 3) _tile_zero(3);
-      for (int64_t j = 0; j < chunks; ++j) {
-        const char* ahead = reinterpret_cast<const char*>(wb + (j + kAhead) * kChunk * kBlock);
-        for (int l = 0; l < 16; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);  // never faults, even past the end
-        _tile_loadd(7, wb + j * kChunk * kBlock, 64);
-        _tile_loadd(6, qr + j * kChunk, k);
-        _tile_dpbssd(0, 6, 7);
-        if (blocks > 1) {
-          _tile_loadd(6, qr + kBlock * k + j * kChunk, k);
-          _tile_dpbssd(1, 6, 7);
-        }
-        if (blocks > 2) {
-          _tile_loadd(6, qr + 2 * kBlock * k + j * kChunk, k);
-          _tile_dpbssd(2, 6, 7);
-        }
-        if (blocks > 3) {
-          _tile_loadd(6, qr + 3 * kBlock * k + j * kChunk, k);
-          _tile_dpbssd(3, 6, 7);
-        }
+      // One step: the weight tile of inputs 64j .. 64j + 63 into B, then each row block's activations into A
+      // and its product into its accumulator.
+#define SPECDEC_AMX_STEP(A, B, j)                                                                          \
+  do {                                                                                                     \
+    const char* ahead = reinterpret_cast<const char*>(wb + ((j) + kAhead) * kChunk * kBlock);              \
+    for (int l = 0; l < 16; ++l) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0); /* never faults past the end */ \
+    _tile_loadd(B, wb + (j) * kChunk * kBlock, 64);                                                        \
+    _tile_loadd(A, qr + (j) * kChunk, k);                                                                  \
+    _tile_dpbssd(0, A, B);                                                                                 \
+    if (blocks > 1) {                                                                                      \
+      _tile_loadd(A, qr + kBlock * k + (j) * kChunk, k);                                                   \
+      _tile_dpbssd(1, A, B);                                                                               \
+    }                                                                                                      \
+    if (blocks > 2) {                                                                                      \
+      _tile_loadd(A, qr + 2 * kBlock * k + (j) * kChunk, k);                                               \
+      _tile_dpbssd(2, A, B);                                                                               \
+    }                                                                                                      \
+    if (blocks > 3) {                                                                                      \
+      _tile_loadd(A, qr + 3 * kBlock * k + (j) * kChunk, k);                                               \
+      _tile_dpbssd(3, A, B);                                                                               \
+    }                                                                                                      \
+  } while (0)
+      int64_t j = 0;
+      for (; j + 2 <= chunks; j += 2) {
+        SPECDEC_AMX_STEP(4, 6, j);
+        SPECDEC_AMX_STEP(5, 7, j + 1);
       }
+      if (j < chunks) SPECDEC_AMX_STEP(4, 6, j);
+#undef SPECDEC_AMX_STEP
       for (int64_t t = 0; t < blocks; ++t) {
         if (t == 0) _tile_stored(0, dots, 64);
         if (t == 1) _tile_stored(1, dots, 64);
