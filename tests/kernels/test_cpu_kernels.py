@@ -39,13 +39,15 @@ def _attend(attention, q, k_cache, v_cache, tables, prefixes, counts, mask=None)
     return attention(q, k_cache, v_cache, table, torch.tensor(prefixes, dtype=torch.int32), starts, packed, 0.125)
 
 
-def _row_three_ways(attention, seed: int, group: int = 3):
+def _row_three_ways(attention, seed: int, group: int = 3, prefix: int = 13, page: int = 4):
     """One token's attention output computed (a) as a lone decode, (b) as a decode in a batch beside two other
     sequences, and (c) as node 5 of a 7-node tree whose path to it is root -> 2 -> 5. The kernel scores query
     heads in blocks of up to three (one KV head's queries, rows and heads alike): with `group` query heads per KV
-    head other than three, the tree's row 5 falls in blocks of other sizes and offsets than the lone decode's."""
+    head other than three, the tree's row 5 falls in blocks of other sizes and offsets than the lone decode's.
+    With AVX-512, a prefix of 16 keys or more scores the tree's queries sixteen keys at a time (keys in lanes),
+    and the lone decode's a key at a time."""
     gen = torch.Generator().manual_seed(seed)
-    page, kv_heads, d, prefix = 4, 2, 64, 13
+    kv_heads, d = 2, 64
     heads = kv_heads * group
     parents = [-1, 0, 0, 1, 2, 2, 4]
     n = len(parents)
@@ -86,12 +88,14 @@ def _row_three_ways(attention, seed: int, group: int = 3):
     return alone, batched, tree
 
 
-@pytest.mark.parametrize("seed,group", [(0, 3), (1, 3), (2, 3), (3, 3), (4, 1), (5, 2), (6, 4), (7, 5)])
-def test_attention_row_is_bit_identical_alone_batched_and_in_a_tree(seed, group):
-    alone, batched, tree = _row_three_ways(cpu.paged_attention, seed, group)
+@pytest.mark.parametrize("seed,group,prefix,page", [(0, 3, 13, 4), (1, 3, 13, 4), (2, 3, 13, 4), (3, 3, 13, 4),
+                                                     (4, 1, 13, 4), (5, 2, 13, 4), (6, 4, 13, 4), (7, 5, 13, 4),
+                                                     (8, 3, 40, 16), (9, 2, 71, 16), (10, 4, 32, 16)])
+def test_attention_row_is_bit_identical_alone_batched_and_in_a_tree(seed, group, prefix, page):
+    alone, batched, tree = _row_three_ways(cpu.paged_attention, seed, group, prefix, page)
     assert torch.equal(alone, batched)
     assert torch.equal(alone, tree)
-    reference_alone = _row_three_ways(reference.paged_attention, seed, group)[0]
+    reference_alone = _row_three_ways(reference.paged_attention, seed, group, prefix, page)[0]
     torch.testing.assert_close(alone, reference_alone, atol=2e-6, rtol=2e-6)  # and it is the right answer
 
 

@@ -79,6 +79,7 @@ struct Scratch {
   std::vector<float> scores;      // [rows * group, padded list]
   std::vector<float> acc;         // [rows * group, D]
   std::vector<float> totals;      // [rows * group]: softmax denominators
+  std::vector<float> keys_t;      // [D, 16]: sixteen keys transposed (attention_rows.h, scores16)
 };
 
 }  // namespace

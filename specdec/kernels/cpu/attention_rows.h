@@ -107,6 +107,69 @@ inline void scores8(const float* const* q, const float* k_base, const int64_t* k
   }
 }
 
+#if SPECDEC_ATTN_WIDE
+// Keys in lanes: one query's scores against sixteen keys, from kt [d, 16] (the keys transposed), with scores8's
+// arithmetic per key, so the same bits: acc[l] holds, for every key at once, what lane l of scores8's
+// accumulator holds for one (dimensions l, l + 16, l + 32, ... in order); lanes l and l + 8 fold, then the
+// eight fold in hsum's order. Where a tree's many queries share the keys, this spends no shuffle per score
+// (scores8 folds and sums each query-key pair across lanes), and transposing the keys once serves them all.
+inline void scores16(const float* q, const float* kt, int64_t d, float scale, float* out) {
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int l = 0; l < 16; ++l) acc[l] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < d; i += 16) {
+#pragma GCC unroll 16
+    for (int l = 0; l < 16; ++l)
+      acc[l] = _mm512_fmadd_ps(_mm512_set1_ps(q[i + l]), _mm512_loadu_ps(kt + (i + l) * 16), acc[l]);
+  }
+  __m512 f[8];
+#pragma GCC unroll 8
+  for (int l = 0; l < 8; ++l) f[l] = _mm512_add_ps(acc[l], acc[l + 8]);
+  const __m512 sum = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(f[0], f[4]), _mm512_add_ps(f[2], f[6])),
+                                   _mm512_add_ps(_mm512_add_ps(f[1], f[5]), _mm512_add_ps(f[3], f[7])));
+  _mm512_storeu_ps(out, _mm512_mul_ps(sum, _mm512_set1_ps(scale)));
+}
+
+// kt [d, 16] := the sixteen keys at k_base + keys[0 .. 16), transposed (d a multiple of 16): sixteen
+// dimensions at a time, a 16 x 16 block in registers (interleave pairs of floats, then of pairs, then of
+// 128-bit quarters, twice).
+inline void transpose16(const float* k_base, const int64_t* keys, int64_t d, float* kt) {
+  for (int64_t i = 0; i < d; i += 16) {
+    __m512 r[16], t[16];
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_ps(k_base + keys[k] + i);
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+      t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) {
+      const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 1]);
+      const __m512d c = _mm512_castps_pd(t[4 * k + 2]), e = _mm512_castps_pd(t[4 * k + 3]);
+      r[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+      r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+      r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+      r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      const int h = k / 4 * 8 + k % 4;
+      t[h] = _mm512_shuffle_f32x4(r[h], r[h + 4], 0x88);
+      t[h + 4] = _mm512_shuffle_f32x4(r[h], r[h + 4], 0xdd);
+    }
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; ++k) {
+      _mm512_storeu_ps(kt + (i + k) * 16, _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88));
+      _mm512_storeu_ps(kt + (i + k + 8) * 16, _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd));
+    }
+  }
+}
+
+// Queries at least this many share a 16-key block for scores16 to pay for the transpose.
+constexpr int64_t kKeysInLanesMinQueries = 12;
+#endif
+
 // acc[g][0 .. d) += sum_j p[g][j] v_j over the listed keys, in key order, for G query heads: sixty-four
 // dimensions at a time in registers, loaded from and stored back to `acc`, so that splitting the keys into
 // runs gives the same bits. Each element is its own chain of fused multiply-adds, so the register width
@@ -176,6 +239,30 @@ inline void by_block(int64_t count, Fn fn) {
   fn(std::integral_constant<int, 1>{});
 }
 
+#if SPECDEC_ATTN_WIDE
+// vexp (vec.h) on sixteen lanes: the same operations lane by lane, so the same bits.
+inline __m512 vexp16(__m512 x) {
+  const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
+  x = _mm512_min_ps(_mm512_set1_ps(88.3f), x);  // vexp's x > hi ? hi : x (min and max pass a NaN x on)
+  x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  const __m512 t = _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic);
+  const __m512 n = _mm512_sub_ps(t, magic);
+  const __m512i ni = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_castps_si512(magic));
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 q = _mm512_set1_ps(1.9875691500e-4f);
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.3981999507e-3f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(8.3334519073e-3f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.1665795894e-2f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.6666665459e-1f));
+  q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(5.0000001201e-1f));
+  const __m512 y = _mm512_fmadd_ps(q, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512 out = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), _mm512_slli_epi32(ni, 23)));
+  return _mm512_mask_blend_ps(underflow, out, _mm512_setzero_ps());
+}
+#endif
+
 // In place over p[0 .. n) (p padded to a multiple of 8): exp(p - max), zero past n; returns the sum.
 inline float softmax_numerators(float* p, int64_t n) {
   const int64_t padded = (n + kLanes - 1) / kLanes * kLanes;
@@ -184,7 +271,18 @@ inline float softmax_numerators(float* p, int64_t n) {
   for (int64_t j = kLanes; j < padded; j += kLanes) m = vmax(m, load(p + j));
   const vf mx = splat(hmax(m));
   vf total = splat(0.0f);
-  for (int64_t j = 0; j < padded; j += kLanes) {
+  int64_t j0 = 0;
+#if SPECDEC_ATTN_WIDE
+  // Sixteen at a time while whole: each half joins the eight-lane total in the order the loop below adds it.
+  const __m512 mx16 = _mm512_set1_ps(mx[0]);
+  for (; j0 + 2 * kLanes <= n; j0 += 2 * kLanes) {
+    const __m512 e = vexp16(_mm512_sub_ps(_mm512_loadu_ps(p + j0), mx16));
+    _mm512_storeu_ps(p + j0, e);
+    total = total + (vf)_mm512_castps512_ps256(e);
+    total = total + (vf)_mm512_extractf32x8_ps(e, 1);
+  }
+#endif
+  for (int64_t j = j0; j < padded; j += kLanes) {
     vf e = vexp(load(p + j) - mx);
     if (j + kLanes > n) {
       for (int64_t l = n - j; l < kLanes; ++l) e[l] = 0.0f;
@@ -220,10 +318,21 @@ void attend_rows(const float* qp, float* op, int64_t r0, int64_t r1, int64_t q_h
   // Scores: the prefix chunk by chunk for every query, then each row's own visible new keys.
   for (int64_t j0 = 0; j0 < p; j0 += kKeyChunk) {
     const int64_t j1 = std::min(p, j0 + kKeyChunk);
-    for (int64_t qi = 0; qi < nq; qi += kQueryBlock) {
+    int64_t jq = j0;  // keys from here on go through scores8
+#if SPECDEC_ATTN_WIDE
+    if (nq >= kKeysInLanesMinQueries && d % 16 == 0) {
+      s.keys_t.resize(d * 16);
+      for (; jq + 16 <= j1; jq += 16) {
+        transpose16(k_base, s.prefix.data() + jq, d, s.keys_t.data());
+        for (int64_t qi = 0; qi < nq; ++qi)
+          scores16(query(qi), s.keys_t.data(), d, scale, s.scores.data() + qi * padded + jq);
+      }
+    }
+#endif
+    for (int64_t qi = 0; qi < nq && jq < j1; qi += kQueryBlock) {
       const int64_t count = std::min<int64_t>(kQueryBlock, nq - qi);
       for (int64_t g = 0; g < count; ++g) qs[g] = query(qi + g);
-      for (int64_t j = j0; j < j1; j += kLanes) {
+      for (int64_t j = jq; j < j1; j += kLanes) {
         for (int64_t g = 0; g < count; ++g) outs[g] = s.scores.data() + (qi + g) * padded + j;
         by_block(count, [&](auto block) {
           scores8<decltype(block)::value>(qs, k_base, s.prefix.data() + j, std::min<int64_t>(kLanes, j1 - j), d,
