@@ -27,14 +27,19 @@ from specdec.drafters.registry import build_drafter, register_raw
 from specdec.drafters.scored import scored_proposals
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
+from specdec.kernels import cpu as cpu_kernels
 from specdec.spec_strings import parse_spec
-from specdec.tree.spec import TreeSpec, chain
+from specdec.tree.spec import TreeSpec, chain, dynamic
 from specdec.tree.token_tree import TokenTree
 from specdec.verifier.result import VerifyResult
 
 # A three-node tree by default: on this CPU every verified row costs (issue 14). hybrid:suffix+recycle gave 1.17x
 # on the test split with it, 0.92x with the 8-node tree it used to default to.
 DEFAULT_TREE = chain(3)
+# Where the int8 linears take up to 16 rows for the price of one (AMX, `cpu.flat_verified_rows`), a 6-node tree
+# pays more than the chain: 1.50-1.56x against 1.44-1.49x on the dev split in two runs, where it was chosen, and
+# 1.45-1.49x against 1.40-1.43x on the test split (bench/results/suite_amx_dev, suite_amx).
+FLAT_ROWS_TREE = dynamic(depth=6, topk=4, budget=6)
 # Options a part takes inside a hybrid unless its spec gives them. Recycle's prompt seed rows (LM-head rows) buy it
 # tau alone (dev split, batch 1: 1.41 against 1.30 without), but next to suffix, which copies from the prompt
 # itself, hybrid:suffix+recycle reached tau 1.70 with them and 1.67 without, for 7.3% against 6.4% of a step
@@ -70,7 +75,7 @@ class HybridDrafter(DrafterBase):
                                           for mask in range(1, 1 << len(parts)))
 
     def default_tree(self) -> TreeSpec:
-        return DEFAULT_TREE
+        return FLAT_ROWS_TREE if cpu_kernels.flat_verified_rows() else DEFAULT_TREE
 
     # ----------------------------------------------------------------------------------------- proposals
     def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:

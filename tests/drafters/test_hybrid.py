@@ -96,3 +96,15 @@ def test_recycle_inside_a_hybrid_takes_no_prompt_seeds_unless_asked(model):
     hybrid = build_drafter("hybrid:suffix+recycle:k=4,seed=5", ctx)
     assert dict(hybrid.parts)["recycle"].prefill_logit_rows == 5 and hybrid.prefill_logit_rows == 5
     assert build_drafter("recycle", ctx).prefill_logit_rows == 16  # alone: its own default
+
+
+def test_the_default_tree_follows_the_price_of_a_verified_row(model, monkeypatch):
+    """A chain of 3 where every verified row costs, the 6-node tree where the int8 linears' rows are flat (AMX)."""
+    from specdec.drafters import hybrid
+    from specdec.kernels import cpu
+
+    drafter = build_drafter("hybrid:suffix+recycle", context(model))
+    monkeypatch.setattr(cpu, "flat_verified_rows", lambda: False)
+    assert drafter.default_tree() == chain(3)
+    monkeypatch.setattr(cpu, "flat_verified_rows", lambda: True)
+    assert drafter.default_tree() == hybrid.FLAT_ROWS_TREE

@@ -29,7 +29,8 @@ from torch import Tensor
 
 from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: one torch op each already
 
-__all__ = ["argmax_rows", "available", "copy_kv_layers", "copy_kv_slots", "decode_attention", "decode_layers", "isa",
+__all__ = ["argmax_rows", "available", "copy_kv_layers", "copy_kv_slots", "decode_attention", "decode_layers",
+           "flat_verified_rows", "isa",
            "linear_q4", "linear_q8", "paged_attention", "quantize", "recycle_expand", "recycle_write", "rms_norm",
            "rope_kv", "silu_mul", "top_k_probs", "write_kv"]
 SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp", "logit_rows.cpp", "qlinear.cpp",
@@ -162,6 +163,12 @@ def isa(request: str = "") -> str:
     if not available():
         return "none"
     return torch.ops.specdec_cpu.isa(request)
+
+
+def flat_verified_rows() -> bool:
+    """Whether extra verified rows cost the int8 linears next to nothing here: the kernels run at the "amx" level
+    (up to 16 rows for the price of one). Drafters whose best tree depends on that price read it."""
+    return available() and isa() == "amx"
 
 
 def linear_q4(q: Tensor, s: Tensor, gsum: Tensor, w: Tensor, d: Tensor, m_t: Tensor, bias: Tensor | None = None) -> Tensor:
