@@ -35,6 +35,7 @@ from specdec.drafters.recycle_store import load_matrix, shipped_matrix
 from specdec.drafters.registry import float_arg, int_arg, node_planning_arg, register, reject_unknown
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
+from specdec.kernels import cpu as cpu_kernels
 from specdec.training.corpus_store import tokenizer_fingerprint
 from specdec.tree.spec import TreeKind, TreeSpec, choices_of, parse_tree_spec
 from specdec.tree.token_tree import TokenTree
@@ -43,6 +44,10 @@ from specdec.verifier.result import VerifyResult
 # A chain of 2: on this CPU every verified row costs (issue 14). On the dev split, 1.10x overall against 0.78x
 # for the 8-node best-first tree and 0.88x for a chain of 3; on the test split 1.08x against 0.87x.
 DEFAULT_TREE = "chain:k=2"
+# Where the int8 linears take up to 16 rows for the price of one (AMX, `cpu.flat_verified_rows`), the 8-node
+# best-first tree pays: 1.37x against 1.29x for the chain on the dev split, where it was chosen, and 1.33-1.36x
+# against 1.25-1.27x on the test split (bench/results/suite_amx_dev_recycle, suite_amx).
+FLAT_ROWS_TREE = "dynamic:depth=6,topk=4,budget=8"
 # The matrix is seeded from the logits at the prompt's last `seed` positions. Every seeded row is an LM-head row
 # (0.6 ms on the default model): seeding a whole 300-token prompt costs 8 plain steps, and 12 such prompts at
 # once cost recycle a fifth of its throughput at batch 12 (0.78x of plain decode). The engine computes them at
@@ -58,11 +63,13 @@ class RecycleDrafter(DrafterBase):
     name = "recycle"
     observes_verification = True  # the engine hands over the logits of every verified node
 
-    def __init__(self, vocab_size: int, k: int = 8, tree: str = DEFAULT_TREE, min_prob: float = 0.0,
+    def __init__(self, vocab_size: int, k: int = 8, tree: str | None = None, min_prob: float = 0.0,
                  pair_bits: int = DEFAULT_PAIR_BITS, seed: int = DEFAULT_SEED_ROWS) -> None:
         self.matrix = AdjacencyMatrix(vocab_size, k, pair_bits)
         self.min_prob = min_prob
         self.prefill_logit_rows = seed  # seed the matrix from the prompt's last rows (an LM-head row each)
+        if tree is None:  # the default for the price of a verified row here
+            tree = FLAT_ROWS_TREE if cpu_kernels.flat_verified_rows() else DEFAULT_TREE
         self._default = parse_tree_spec(tree if ":" in tree else f"static:{tree}")
         self._start: dict[str, np.ndarray] | None = None  # the warm start's rows (`warm_from`), for `reset`
         self.warm_source: Path | None = None
@@ -175,7 +182,7 @@ def _before_last(seq: Sequence) -> int:
 @register("recycle")
 def _build(args: dict[str, str], ctx: DrafterContext) -> RecycleDrafter:
     k = int_arg(args, "k", 8)
-    tree = args.pop("tree", DEFAULT_TREE)
+    tree = args.pop("tree", None)
     min_prob = float_arg(args, "min_prob", 0.0, 0.0, 1.0)
     pair_bits = int_arg(args, "pairs", DEFAULT_PAIR_BITS, minimum=0)
     seed = int_arg(args, "seed", DEFAULT_SEED_ROWS, minimum=0)
