@@ -2,9 +2,9 @@
 // inputs with a tile of 64 inputs by 16 output channels, 16,384 exact int8 products summed into int32.
 //
 // Why it matters: verifying a token tree multiplies every weight by one activation row per node. With AVX-512
-// VNNI (qlinear_vnni.cpp) each extra row still costs one instruction per 64 products, and on a core with one
-// 512-bit multiply unit 8 rows of SmolLM2's linears cost 1.25x one row; a tile takes 1 to 16 rows for the
-// same instructions, so the weights' trip from memory is the whole cost at any row count up to 16.
+// VNNI (qlinear_vnni.cpp) each extra row still costs one instruction per 64 products (on the Xeon this was
+// written on, 8 rows of SmolLM2's linears cost 1.25x one row); a tile takes 1 to 16 rows for the same
+// instructions, so the weights' trip from memory is the whole cost at any row count up to 16 (1.02-1.04x at 8).
 //
 // The weights are a second copy in their own layout (specdec.kernels.reference.pack_q8_amx, built at load by
 // QLinear where the CPU has AMX): per block of 16 channels and 64 inputs, the tile's 16 rows of 64 bytes, row
@@ -36,6 +36,7 @@ namespace {
 // taking steps of 64 inputs in turn, so that the next step's loads need not wait for this step's multiply to
 // have read its registers. One configuration for every call: reconfiguring per row block (ldtilecfg) cost
 // more than the arithmetic it saved.
+//
 // Weight tiles ahead to prefetch: 2 and 4 measured 3-5% faster than none (the hardware's streamer alone) and
 // than 8 or 16, at 1-8 rows (bench/int8_rows.py, rebuilt for each distance).
 constexpr int64_t kAhead = 2;
