@@ -5,7 +5,6 @@ Every kernel takes plain tensors and has a reference in `reference.py` with the 
 """
 
 from specdec.kernels.dispatch import (
-    amx_weights_wanted,
     argmax_rows,
     copy_kv_layers,
     copy_kv_slots,
@@ -22,6 +21,6 @@ from specdec.kernels.dispatch import (
 )
 from specdec.kernels.reference import FLOAT, Q8, ROWSCALE
 
-__all__ = ["FLOAT", "Q8", "ROWSCALE", "amx_weights_wanted", "argmax_rows", "copy_kv_layers", "copy_kv_slots",
-           "decode_attention", "linear_q4", "linear_q8", "paged_attention", "quantize", "rms_norm", "rope_kv", "silu_mul", "top_k_probs",
+__all__ = ["FLOAT", "Q8", "ROWSCALE", "argmax_rows", "copy_kv_layers", "copy_kv_slots", "decode_attention",
+           "linear_q4", "linear_q8", "paged_attention", "quantize", "rms_norm", "rope_kv", "silu_mul", "top_k_probs",
            "write_kv"]

@@ -105,12 +105,6 @@ def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | N
     return _elementwise(s).linear_q8(q, s, w, w_scale, bias, weight_bits, w_amx)
 
 
-def amx_weights_wanted() -> bool:
-    """Whether int8 layers should carry the AMX copy of their weights (`reference.pack_q8_amx`): the compiled
-    kernels run at the "amx" level (`cpu.isa`)."""
-    return cpu.available() and cpu.isa() == "amx"
-
-
 def linear_q4(q: Tensor, s: Tensor, gsum: Tensor, w: Tensor, d: Tensor, m_t: Tensor, bias: Tensor | None = None) -> Tensor:
     return _elementwise(s).linear_q4(q, s, gsum, w, d, m_t, bias)
 

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from specdec import kernels
+from specdec.kernels import cpu as cpu_kernels
 from specdec.kernels.reference import AMX_CHUNK, GROUP, pack_q4, pack_q8, pack_q8_amx, unpack_q4, unpack_q8
 from specdec.models.quant import quantize_weight_per_channel
 
@@ -71,7 +72,7 @@ class QLinear(nn.Module):
             # The AMX kernel's own copy of the weights, where the kernels run at the "amx" level: one more byte
             # a weight, for verified rows whose linears cost no more than one row's (qlinear_amx.cpp). Not
             # saved: it is rebuilt from `weight` on load.
-            amx = in_features % AMX_CHUNK == 0 and kernels.amx_weights_wanted()
+            amx = in_features % AMX_CHUNK == 0 and cpu_kernels.flat_verified_rows()
             self.register_buffer("weight_amx", pack_q8_amx(weight, out_features) if amx else None, persistent=False)
         else:
             self.register_buffer("d", scales[0])

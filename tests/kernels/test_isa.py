@@ -218,3 +218,19 @@ def test_the_amx_tiles_run_from_two_rows_and_read_their_own_copy():
                            reference.linear_q8(q[:1], s[:1], tiles, w_scale))
         assert torch.equal(cpu.linear_q8(q, s, tiles, w_scale, None, 8, wrong),
                            -reference.linear_q8(q, s, tiles, w_scale))
+
+
+def test_the_environment_switch_names_a_level_and_ignores_anything_else():
+    """SPECDEC_CPU_ISA=avx2 holds a process to AVX2; a value that names no level leaves the best one."""
+    import os
+    import subprocess
+    import sys
+
+    def level(value: str) -> str:
+        code = "from specdec.kernels import cpu; print(cpu.isa())"
+        env = {**os.environ, "SPECDEC_CPU_ISA": value}
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    assert level("avx2") in ("avx2", "scalar")
+    assert level("sse") == level("")

@@ -167,7 +167,8 @@ def isa(request: str = "") -> str:
 
 def flat_verified_rows() -> bool:
     """Whether extra verified rows cost the int8 linears next to nothing here: the kernels run at the "amx" level
-    (up to 16 rows for the price of one). Drafters whose best tree depends on that price read it."""
+    (up to 16 rows for the price of one). `QLinear` then packs the AMX copy of its weights, and drafters whose
+    best tree depends on that price read it."""
     return available() and isa() == "amx"
 
 

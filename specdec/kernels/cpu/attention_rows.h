@@ -240,7 +240,9 @@ inline void by_block(int64_t count, Fn fn) {
 }
 
 #if SPECDEC_ATTN_WIDE
-// vexp (vec.h) on sixteen lanes: the same operations lane by lane, so the same bits.
+// vexp (vec.h) on sixteen lanes: the same operations lane by lane, so the same bits. Written out rather than
+// shared as a template with vexp: a template defined in vec.h compiles under vec.h's AVX2 target, which would
+// split these registers in two and call each AVX-512 multiply-add out of line.
 inline __m512 vexp16(__m512 x) {
   const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
   x = _mm512_min_ps(_mm512_set1_ps(88.3f), x);  // vexp's x > hi ? hi : x (min and max pass a NaN x on)

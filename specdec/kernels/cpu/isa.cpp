@@ -4,7 +4,6 @@
 #include <torch/library.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__linux__)
@@ -30,8 +29,11 @@ int level_of(const std::string& name) {
 
 int current() {
   if (active == kUndecided) {
-    const char* forced = std::getenv("SPECDEC_CPU_ISA");  // "avx2" or "avx512": the A/B switch of the benches
-    active = forced && *forced ? level_of(forced) : best();
+    // "avx2", "avx512" or "amx": the A/B switch of the benches; any other value leaves the best level, as an
+    // unknown value always has.
+    const char* env = std::getenv("SPECDEC_CPU_ISA");
+    const std::string forced = env ? env : "";
+    active = forced == "avx2" || forced == "avx512" || forced == "amx" ? level_of(forced) : best();
   }
   return active;
 }

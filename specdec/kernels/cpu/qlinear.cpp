@@ -21,7 +21,6 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <vector>
 
 #include "isa.h"
@@ -170,8 +169,8 @@ at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
                 "w_amx must be int8 blocks [ceil(N / 16) * 16 * K] with K divisible by 64 "
                 "(specdec.kernels.reference.pack_q8_amx)");
     const int8_t* ap = w_amx->data_ptr<int8_t>();
-    std::vector<int8_t> padded(((rows + amx::kBlock - 1) / amx::kBlock) * amx::kBlock * k, 0);
-    std::copy(qp, qp + rows * k, padded.begin());
+    std::vector<int8_t> padded(qp, qp + rows * k);  // then rows of zeros to whole 16-row tiles
+    padded.resize((rows + amx::kBlock - 1) / amx::kBlock * amx::kBlock * k, 0);
     at::parallel_for(0, blocks, kColBlock / amx::kBlock, [&](int64_t begin, int64_t end) {
       amx::q8_rows(padded.data(), rows, k, ap, sp, ws, b, begin, end, n, yp);
     });
