@@ -26,6 +26,7 @@ from specdec.models.qlinear import QLinear
 MODELS = {  # layers, hidden, q + 2 kv width, intermediate, vocabulary
     "smollm2-135m": (30, 576, 960, 1536, 49152),
     "qwen2.5-coder-1.5b": (28, 1536, 2048, 8960, 151936),
+    "qwen2.5-coder-0.5b": (24, 896, 1152, 4864, 151936),
 }
 
 
@@ -34,7 +35,7 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", choices=sorted(MODELS))
     parser.add_argument("--rows", default="1,2,4,8,12,16")
     parser.add_argument("--isa", default="amx,avx512,avx2", help="comma list of amx, avx512, avx2 (kernels.cpu.isa)")
-    parser.add_argument("--bits", default="8", help="comma list of weight bits: 8 (int8), 7 (int7)")
+    parser.add_argument("--bits", default="8", help="comma list of weight bits: 8 (int8), 7 (int7), 4 (int4, groups of 32)")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -309,6 +309,8 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
   float* yp = y.data_ptr<float>();
   constexpr int64_t kTilesPerTask = kColBlock / kTile;
   const bool vnni = isa::avx512();
+  std::vector<int8_t> spread(vnni ? rows * 2 * k : 0);  // the VNNI tiles' activation order, built once a call
+  if (vnni) vnni::q4_spread(qp, rows, k, spread.data());
   at::parallel_for(0, (tiles + kTilesPerTask - 1) / kTilesPerTask, 1, [&](int64_t begin, int64_t end) {
     const int64_t t0 = begin * kTilesPerTask, t1 = std::min(tiles, end * kTilesPerTask);
     for (int64_t t = t0; t < t1; ++t) {
@@ -316,7 +318,7 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
       const at::Half* dt = dp + t * kTile * groups;
       const int64_t c = t * kTile;
       if (vnni) {
-        vnni::q4_rows(qp, rows, k, wt, dt, c, n, yp + c);
+        vnni::q4_rows(spread.data(), rows, k, wt, dt, c, n, yp + c);
         continue;
       }
       int64_t r = 0;

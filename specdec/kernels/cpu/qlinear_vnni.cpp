@@ -40,6 +40,7 @@ constexpr int kTile = 4;
 // K = 576) left 3-7-row blocks waiting on memory: 4 rows of SmolLM2's linears cost more than 8. Six measured
 // best of 0, 2, 4, 6, 8 and 16 (bench/int8_rows.py at 1, 4 and 8 rows, rebuilt for each distance).
 constexpr int kAhead = 6;
+constexpr int kAheadQ4 = 4;  // int4 tiles ahead (a tile of four channels: 2k bytes)
 
 // acc += the four-product sums of a (unsigned bytes) and b (signed bytes), lane by lane. Inline assembly, not
 // _mm512_dpbusd_epi32: GCC 12 ties that intrinsic's accumulator to registers 0-15 and, with sixteen
@@ -105,27 +106,40 @@ void q8_tile(const int8_t* q, const int32_t* qsum, int64_t k, const int8_t* wt, 
   }
 }
 
-inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+// int4: two channels' 16 bytes of one group (32 bytes: channel 0's, then channel 1's) as 64 weights in the
+// order of the spread activations below: low nibbles (inputs 0-15) of both channels, then high (16-31).
+// The 32 bytes go to both halves in the load, the high half is shifted by 4 bits, and a mask keeps each nibble.
+inline __m512i unpack_q4_pair(const uint8_t* p) {
+  const __m512i both = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+  return _mm512_and_si512(_mm512_srlv_epi16(both, shifts), _mm512_set1_epi8(0x0F));
+}
 
+// Lane l of a channel's accumulator holds the same four products (and so the same float sums, group after
+// group) as lane l of qlinear.cpp's AVX2 tile, only placed elsewhere: channel 0 of a pair in lanes 0-3 (its
+// lanes 0-3) and 8-11 (its lanes 4-7), channel 1 in 4-7 and 12-15. The spread activations match that: per
+// group, inputs 0-15 twice, then inputs 16-31 twice, so one 512-bit load serves every pair of channels and the
+// unpacking is three instructions a pair instead of six.
 template <int R>
-void q4_tile(const int8_t* q, int64_t k, const uint8_t* wt, const c10::Half* dt, int64_t c0, int64_t n, float* y) {
+void q4_tile(const int8_t* qs, int64_t k, const uint8_t* wt, const c10::Half* dt, int64_t c0, int64_t n, float* y) {
   const int64_t groups = k / kGroup;
   __m512 acc01[R], acc23[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc01[r] = acc23[r] = _mm512_setzero_ps();
+  const __m512i pick01 = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1);
+  const __m512i pick23 = _mm512_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2, 3, 3, 3, 3);
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* wg = wt + g * kTile * 16;
-    _mm_prefetch(reinterpret_cast<const char*>(wg + 4 * kTile * (k / 2)), _MM_HINT_T0);  // four tiles ahead
-    const __m512i w01 = join(unpack_q4(wg), unpack_q4(wg + 16));
-    const __m512i w23 = join(unpack_q4(wg + 32), unpack_q4(wg + 48));
-    const __m128i dh = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(dt + g * kTile));  // 4 float16
-    const __m128 d4 = _mm_cvtph_ps(dh);
-    // d of channels (0, 1) and (2, 3), each repeated over its eight lanes
-    const __m512 d01 = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d4[0]), _mm512_set1_ps(d4[1]));
-    const __m512 d23 = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(d4[2]), _mm512_set1_ps(d4[3]));
+    _mm_prefetch(reinterpret_cast<const char*>(wg + kAheadQ4 * kTile * (k / 2)), _MM_HINT_T0);
+    const __m512i w01 = unpack_q4_pair(wg);
+    const __m512i w23 = unpack_q4_pair(wg + 32);
+    const __m512 d4 = _mm512_castps128_ps512(
+        _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(dt + g * kTile))));  // 4 float16
+    const __m512 d01 = _mm512_permutexvar_ps(pick01, d4);
+    const __m512 d23 = _mm512_permutexvar_ps(pick23, d4);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m512i a = broadcast32(q + r * k + g * kGroup);
+      const __m512i a = _mm512_loadu_si512(qs + (r * groups + g) * 64);
       __m512i p01 = _mm512_setzero_si512(), p23 = _mm512_setzero_si512();
       dpbusd(p01, w01, a);
       dpbusd(p23, w23, a);
@@ -134,15 +148,29 @@ void q4_tile(const int8_t* q, int64_t k, const uint8_t* wt, const c10::Half* dt,
     }
   }
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < kTile && c0 + c < n; ++c) {
-      const __m512 a = c / 2 ? acc23[r] : acc01[r];
-      const __m256 half = c % 2 ? _mm512_extractf32x8_ps(a, 1) : _mm512_castps512_ps256(a);
-      y[r * n + c] = hsum((vf)half);
-    }
+  for (int r = 0; r < R; ++r) {
+    // vec.h's hsum of a channel's lanes v0..v7, ((v0 + v4) + (v2 + v6)) + ((v1 + v5) + (v3 + v7)), for all four
+    // channels at once: t = v_l + v_(l+4) is the sum of the two 256-bit halves, one channel per 128-bit lane.
+    const __m256 t01 = _mm256_add_ps(_mm512_castps512_ps256(acc01[r]), _mm512_extractf32x8_ps(acc01[r], 1));
+    const __m256 t23 = _mm256_add_ps(_mm512_castps512_ps256(acc23[r]), _mm512_extractf32x8_ps(acc23[r], 1));
+    __m512 t = _mm512_insertf32x8(_mm512_castps256_ps512(t01), t23, 1);
+    t = _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E));  // (t0 + t2, t1 + t3, ...)
+    t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));  // ((t0 + t2) + (t1 + t3), ...)
+    alignas(64) float sums[16];
+    _mm512_store_ps(sums, t);
+    for (int c = 0; c < kTile && c0 + c < n; ++c) y[r * n + c] = sums[4 * c];
+  }
 }
 
 }  // namespace
+
+void q4_spread(const int8_t* q, int64_t rows, int64_t k, int8_t* qs) {
+  const __m512i order = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
+  for (int64_t i = 0; i < rows * (k / kGroup); ++i) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + i * kGroup));
+    _mm512_storeu_si512(qs + i * 64, _mm512_permutexvar_epi64(order, _mm512_castsi256_si512(v)));
+  }
+}
 
 // Row blocks of 8, then 4, 2 and 1: up to 16 accumulators, the tile's weights loaded once per block.
 void q8_rows(const int8_t* q, const int32_t* qsum, int64_t rows, int64_t k, const int8_t* wt, const float* s,
@@ -154,13 +182,14 @@ void q8_rows(const int8_t* q, const int32_t* qsum, int64_t rows, int64_t k, cons
   for (; r < rows; ++r) q8_tile<1>(q + r * k, qsum + r, k, wt, s + r, ws, b, c0, n, y + r * n);
 }
 
-void q4_rows(const int8_t* q, int64_t rows, int64_t k, const uint8_t* wt, const c10::Half* dt, int64_t c0, int64_t n,
+void q4_rows(const int8_t* qs, int64_t rows, int64_t k, const uint8_t* wt, const c10::Half* dt, int64_t c0, int64_t n,
              float* y) {
+  const int64_t row = 2 * k;  // spread bytes a row
   int64_t r = 0;
-  for (; r + 8 <= rows; r += 8) q4_tile<8>(q + r * k, k, wt, dt, c0, n, y + r * n);
-  for (; r + 4 <= rows; r += 4) q4_tile<4>(q + r * k, k, wt, dt, c0, n, y + r * n);
-  for (; r + 2 <= rows; r += 2) q4_tile<2>(q + r * k, k, wt, dt, c0, n, y + r * n);
-  for (; r < rows; ++r) q4_tile<1>(q + r * k, k, wt, dt, c0, n, y + r * n);
+  for (; r + 8 <= rows; r += 8) q4_tile<8>(qs + r * row, k, wt, dt, c0, n, y + r * n);
+  for (; r + 4 <= rows; r += 4) q4_tile<4>(qs + r * row, k, wt, dt, c0, n, y + r * n);
+  for (; r + 2 <= rows; r += 2) q4_tile<2>(qs + r * row, k, wt, dt, c0, n, y + r * n);
+  for (; r < rows; ++r) q4_tile<1>(qs + r * row, k, wt, dt, c0, n, y + r * n);
 }
 
 }  // namespace vnni
@@ -174,6 +203,7 @@ namespace specdec {
 namespace vnni {
 void q8_rows(const int8_t*, const int32_t*, int64_t, int64_t, const int8_t*, const float*, const float*, const float*,
              int64_t, int64_t, float*) {}
+void q4_spread(const int8_t*, int64_t, int64_t, int8_t*) {}
 void q4_rows(const int8_t*, int64_t, int64_t, const uint8_t*, const c10::Half*, int64_t, int64_t, float*) {}
 }  // namespace vnni
 }  // namespace specdec

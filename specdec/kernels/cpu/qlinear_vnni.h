@@ -13,8 +13,12 @@ namespace vnni {
 // `qsum` holds each row's sum of q.
 void q8_rows(const int8_t* q, const int32_t* qsum, int64_t rows, int64_t k, const int8_t* wt, const float* s,
              const float* ws, const float* b, int64_t c0, int64_t n, float* y);
-// The integer-and-scale part of linear_q4 for one tile (qlinear.cpp's q4_tile, all rows); q4_finish follows.
-void q4_rows(const int8_t* q, int64_t rows, int64_t k, const uint8_t* wt, const c10::Half* dt, int64_t c0, int64_t n,
+// int4: each row's activations spread for q4_rows, 64 bytes a group of 32 inputs (inputs 0-15 twice, then
+// 16-31 twice): `qs` holds rows * 2k bytes.
+void q4_spread(const int8_t* q, int64_t rows, int64_t k, int8_t* qs);
+// The integer-and-scale part of linear_q4 for one tile (qlinear.cpp's q4_tile, all rows), from the spread
+// activations; q4_finish follows.
+void q4_rows(const int8_t* qs, int64_t rows, int64_t k, const uint8_t* wt, const c10::Half* dt, int64_t c0, int64_t n,
              float* y);
 
 }  // namespace vnni
