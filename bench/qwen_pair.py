@@ -37,21 +37,33 @@ from specdec.tree.spec import parse_tree_spec
 from plain_decode import copy_bandwidth, weight_bytes  # bench/ is the script's own folder
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CONFIGS = [  # (label, drafter, tree); every draft configuration shares the first one's draft model
+CONFIGS = [  # (label, drafter, tree); configurations with one drafter spec share its draft model
     ("plain int8", "none", None),
-    ("draft:0.5b chain k=2", "draft", "chain:k=2"),
-    ("draft:0.5b chain k=3", "draft", "chain:k=3"),
-    ("draft:0.5b chain k=4", "draft", "chain:k=4"),
-    ("draft:0.5b chain k=5", "draft", "chain:k=5"),
-    ("draft:0.5b chain k=6", "draft", "chain:k=6"),
-    ("draft:0.5b tree", "draft", "dynamic:depth=4,topk=2,budget=8"),
+    ("draft:0.5b chain k=2", "draft:quantize=int8", "chain:k=2"),
+    ("draft:0.5b chain k=3", "draft:quantize=int8", "chain:k=3"),
+    ("draft:0.5b chain k=4", "draft:quantize=int8", "chain:k=4"),
+    ("draft:0.5b chain k=5", "draft:quantize=int8", "chain:k=5"),
+    ("draft:0.5b chain k=6", "draft:quantize=int8", "chain:k=6"),
+    ("draft:0.5b tree", "draft:quantize=int8", "dynamic:depth=4,topk=2,budget=8"),
     ("draft:0.5b default tree", "draft", None),  # what `--drafter draft` gives
-    ("draft:0.5b vocab=16384 chain k=2", "draft:vocab=16384", "chain:k=2"),  # reduced heads: a draft model each
-    ("draft:0.5b vocab=32768 chain k=2", "draft:vocab=32768", "chain:k=2"),
-    ("draft:0.5b vocab=16384 chain k=4", "draft:vocab=16384", "chain:k=4"),
-    ("draft:0.5b vocab=32768 chain k=4", "draft:vocab=32768", "chain:k=4"),
-    ("draft:0.5b vocab=16384 chain k=5", "draft:vocab=16384", "chain:k=5"),
-    ("draft:0.5b vocab=32768 chain k=5", "draft:vocab=32768", "chain:k=5"),
+    # reduced heads (the 0.5B with its head cut to the most frequent tokens)
+    ("draft:0.5b vocab=16384 chain k=2", "draft:quantize=int8,vocab=16384", "chain:k=2"),
+    ("draft:0.5b vocab=32768 chain k=2", "draft:quantize=int8,vocab=32768", "chain:k=2"),
+    ("draft:0.5b vocab=16384 chain k=3", "draft:quantize=int8,vocab=16384", "chain:k=3"),
+    ("draft:0.5b vocab=32768 chain k=3", "draft:quantize=int8,vocab=32768", "chain:k=3"),
+    ("draft:0.5b vocab=16384 chain k=4", "draft:quantize=int8,vocab=16384", "chain:k=4"),
+    ("draft:0.5b vocab=32768 chain k=4", "draft:quantize=int8,vocab=32768", "chain:k=4"),
+    ("draft:0.5b vocab=16384 chain k=5", "draft:quantize=int8,vocab=16384", "chain:k=5"),
+    ("draft:0.5b vocab=32768 chain k=5", "draft:quantize=int8,vocab=32768", "chain:k=5"),
+    # the 0.5B's layers at 4 bits (vocab=0: its full head; the default draft adds vocab=32768 on AVX-512)
+    ("draft:0.5b int4 chain k=3", "draft:quantize=int4,vocab=0", "chain:k=3"),
+    ("draft:0.5b int4 chain k=4", "draft:quantize=int4,vocab=0", "chain:k=4"),
+    ("draft:0.5b int4 chain k=5", "draft:quantize=int4,vocab=0", "chain:k=5"),
+    ("draft:0.5b int4 chain k=6", "draft:quantize=int4,vocab=0", "chain:k=6"),
+    ("draft:0.5b int4 tree", "draft:quantize=int4,vocab=0", "dynamic:depth=4,topk=2,budget=8"),
+    ("draft:0.5b int4 vocab=32768 chain k=3", "draft:quantize=int4,vocab=32768", "chain:k=3"),
+    ("draft:0.5b int4 vocab=32768 chain k=5", "draft:quantize=int4,vocab=32768", "chain:k=5"),
+    ("draft:0.5b int4 vocab=32768 chain k=4", "draft:quantize=int4,vocab=32768", "chain:k=4"),
     ("ngram", "ngram", "chain:k=5"),
     ("recycle", "recycle", "chain:k=4"),
     ("suffix", "suffix", "chain:k=6"),
@@ -96,16 +108,17 @@ def build_engines(target: str, kv_tokens: int, configs: list[tuple[str, str, str
     engine_config = EngineConfig(kv_cache_tokens=kv_tokens, adaptive_speculation=adaptive)
     loaded = load_model(target, show_progress=False, quantize="int8")
     engines: dict[str, LLM] = {}
-    first_draft = next((label for label, drafter, _ in configs if drafter == "draft"), None)
+    first: dict[str, str] = {}  # drafter spec -> the label that built it
     for label, drafter, tree in configs:
-        if drafter == "draft" and first_draft in engines:
+        if drafter.startswith("draft") and drafter in first:
             llm = LLM.from_loaded(loaded, "none", quantize="int8", engine_config=engine_config)
-            shared = engines[first_draft].drafter  # one 0.5B draft model, several tree shapes
+            shared = engines[first[drafter]].drafter  # one 0.5B draft model per drafter spec, several tree shapes
             spec = parse_tree_spec(tree, engine_config.max_tree_nodes) if tree else shared.default_tree()
             llm.engine = Engine(loaded.model, llm.tokenizer, engine_config, shared, spec, SpeculationPlanner())
             llm.drafter, llm.tree_spec, llm.drafter_spec = shared, spec, drafter
         else:
             llm = LLM.from_loaded(loaded, drafter, tree, quantize="int8", engine_config=engine_config)
+            first[drafter] = label
         engines[label] = llm
     return engines, loaded
 

@@ -82,29 +82,40 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
 
 def _build_draft(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
     k = int_arg(args, "k", 5)
+    vocab_given = "vocab" in args
     vocab = int_arg(args, "vocab", 0, minimum=0)
     layers = args.pop("layers", None)
     model_ref = args.pop("", None)
+    quantize = _quantize_option(args.pop("quantize", None), ctx)
     reject_unknown("draft", args)
     target: LlamaModel = ctx.target.model
     if model_ref is not None and layers is not None:
         raise ConfigError("draft option layers= picks an early-exit draft; it cannot go with a draft model "
                           f"('{model_ref}')")
+    registered = False
     if model_ref is None and layers is None:
         shipped = shipped_draft_dir(ctx.target.source)
         if shipped is not None:
+            _no_quantize_option(quantize, "the shipped draft")
             return _drafter(_layers_only_draft(shipped, ctx), ctx, k, vocab)
         model_ref = default_draft_model(ctx.target.source)  # qwen2.5-coder-1.5b drafts with its 0.5B sibling
+        registered = model_ref is not None
     if model_ref is None:
+        _no_quantize_option(quantize, "an early-exit draft")
         n = DEFAULT_EARLY_EXIT_LAYERS if layers is None else _layers(layers, target.config.num_layers)
         if vocab:
             raise ConfigError("draft option vocab= needs a draft with a head of its own (a draft folder or model); "
                               "an early-exit draft shares the target's head")
         return DraftModelDrafter(target, ctx.engine, k=k, num_layers=n)
     if is_draft_folder(model_ref):
+        _no_quantize_option(quantize, "a draft folder")
         return _drafter(_layers_only_draft(Path(model_ref).expanduser(), ctx), ctx, k, vocab)
-    # int8: quantized as it loads, by the target's policy (our kernels' QLinear where they are built)
-    draft = load_model(model_ref, ctx.device, ctx.dtype, show_progress=True, quantize=ctx.quantize)
+    precision, lighter_vocab = default_draft_precision(ctx) if registered else (ctx.quantize, 0)
+    precision = quantize or precision
+    if not vocab_given and precision == "int4":
+        vocab = lighter_vocab
+    # quantized as it loads (our kernels' QLinear where they are built)
+    draft = load_model(model_ref, ctx.device, ctx.dtype, show_progress=True, quantize=precision)
     check_same_tokenizer(ctx.target.tokenizer, draft.tokenizer, model_ref)
     if ctx.quantize == "int8" and draft.quantized is None:  # CUDA or a non-float32 dtype: as before
         quantize_drafter_int8_(draft.model)
@@ -163,3 +174,37 @@ def check_same_tokenizer(target_tok, draft_tok, name: str) -> None:
     if not same:
         raise ConfigError(f"draft model '{name}' does not share the target's tokenizer "
                           f"(vocabularies of {len(draft_tok)} vs {len(target_tok)} tokens differ)")
+
+
+
+def _quantize_option(raw: str | None, ctx: DrafterContext) -> str | None:
+    if raw is None:
+        return None
+    if raw not in ("int8", "int4"):
+        raise ConfigError(f"draft option quantize must be int8 or int4, got '{raw}'")
+    if ctx.quantize is None:
+        raise ConfigError("draft option quantize= needs a quantized target (--quantize int8 on CPU)")
+    return raw
+
+
+def _no_quantize_option(quantize: str | None, what: str) -> None:
+    if quantize is not None:
+        raise ConfigError(f"draft option quantize= sets the precision of a separate draft model; {what} runs at "
+                          "the target's")
+
+
+def default_draft_precision(ctx: DrafterContext) -> tuple[str | None, int]:
+    """The precision of a target's registered draft model, and the rows of its head (0: all).
+
+    Where the alias says its draft keeps its acceptance at 4 bits (ModelAlias.draft_int4), under an int8 target,
+    and the int4 kernels run on AVX-512 VNNI: int4 layers and a head cut to the alias's `draft_vocab` most
+    frequent tokens (a 4-bit draft token streams 0.6x the layers' bytes, and the full 151,936-row head would be
+    a third of what is left). Else the target's own precision (int8 for int4/int7 targets) and the full head."""
+    from specdec.kernels import cpu
+    from specdec.models import registry
+
+    alias = alias_of(ctx.target.source)
+    lighter = registry.lighter_draft(alias) if alias is not None else None
+    if ctx.quantize == "int8" and lighter is not None and cpu.available() and cpu.isa() != "avx2":
+        return "int4", lighter
+    return ctx.quantize, 0

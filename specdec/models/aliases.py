@@ -35,6 +35,11 @@ class ModelAlias:
     store_dtype: str = "float32"
     eos_token_ids: tuple[int, ...] = ()  # extra stop tokens written into the converted config (empty: GGUF's)
     default_draft: str | None = None  # alias of the draft model `drafter="draft"` loads for this target
+    # Under an int8 target, where the int4 kernels are fast, the default draft may load its layers at int4 (its
+    # GGUF holds 5-6 bits a weight, so 4-bit groups keep nearly all its acceptance) with its head cut to the
+    # `draft_vocab` most frequent target tokens (specdec/drafters/draft_model.py; bench/results/qwen_pair_int4*).
+    draft_int4: bool = False
+    draft_vocab: int = 0
     license: str = ""
 
     @property
@@ -131,6 +136,8 @@ ALIASES: dict[str, ModelAlias] = {
         store_dtype="bfloat16",
         eos_token_ids=_QWEN_STOPS,
         default_draft="qwen2.5-coder-0.5b",
+        draft_int4=True,
+        draft_vocab=32768,
         license=_QWEN_LICENSE,
     ),
     "qwen2.5-coder-0.5b": ModelAlias(

@@ -89,6 +89,13 @@ def default_draft(target_name: str) -> str | None:
     return alias.default_draft if alias is not None else None
 
 
+def lighter_draft(target_name: str) -> int | None:
+    """The head rows of the alias's default draft where it may run at int4 (ModelAlias.draft_int4; 0: its full
+    head), else None."""
+    alias = ALIASES.get(target_name)
+    return alias.draft_vocab if alias is not None and alias.draft_int4 else None
+
+
 def list_cached_models() -> list[dict[str, Any]]:
     """Every converted model in the cache: name, path, size_bytes (on disk), source, kind, up_to_date."""
     root = cache_root()

@@ -190,3 +190,41 @@ def test_the_target_as_its_own_draft_gets_every_draft_accepted(target):
     seq = engine.add_request([1, 2, 3, 4, 5], SamplingParams(max_new_tokens=31, ignore_eos=True))
     run_all(engine)
     assert seq.metrics.step_accepts == [5] * 6
+
+
+# --------------------------------------------------------------------------------------------- precision
+def _context(quantize: str | None, source: str = "tiny", model=None):
+    from types import SimpleNamespace
+
+    from specdec.drafters.base import DrafterContext
+
+    target = SimpleNamespace(source=source, model=model, tokenizer=None)
+    return DrafterContext(target, CONFIG, torch.device("cpu"), torch.float32, quantize)
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("draft:quantize=int5", "quantize must be int8 or int4"),
+    ("draft:layers=1,quantize=int4", "an early-exit draft runs at the target's"),
+])
+def test_bad_draft_precision_is_one_clear_error(target, spec, message):
+    from specdec.drafters.registry import build_drafter
+    from specdec.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        build_drafter(spec, _context("int8", model=target))
+    with pytest.raises(ConfigError, match="needs a quantized target" if "int4" in spec else message):
+        build_drafter(spec, _context(None, model=target))
+
+
+def test_registered_draft_goes_int4_with_a_cut_head_only_where_its_alias_and_the_kernels_allow(monkeypatch):
+    from specdec.drafters.draft_model import default_draft_precision
+    from specdec.kernels import cpu
+
+    monkeypatch.setattr(cpu, "available", lambda: True)
+    for level, expected in [("amx", ("int4", 32768)), ("avx512", ("int4", 32768)), ("avx2", ("int8", 0))]:
+        monkeypatch.setattr(cpu, "isa", lambda *_, level=level: level)
+        assert default_draft_precision(_context("int8", "qwen2.5-coder-1.5b")) == expected, level
+        assert default_draft_precision(_context("int8", "smollm2-135m")) == ("int8", 0)  # its alias keeps int8
+        assert default_draft_precision(_context(None, "qwen2.5-coder-1.5b")) == (None, 0)  # a float target
+    monkeypatch.setattr(cpu, "available", lambda: False)
+    assert default_draft_precision(_context("int8", "qwen2.5-coder-1.5b")) == ("int8", 0)

@@ -68,7 +68,8 @@ def test_int8_greedy_is_the_same_batched_alone_and_speculative(int8_llm):
     taus = []
     for drafter, tree in [("ngram", "chain:k=5"), ("draft", "dynamic:depth=4,topk=4,budget=12"), ("recycle", None),
                           ("suffix", None), ("hybrid:suffix+recycle", None), ("eagle:vocab=4096", None),
-                          ("medusa:vocab=4096", None), ("draft:vocab=4096", "chain:k=4")]:
+                          ("medusa:vocab=4096", None), ("draft:vocab=4096", "chain:k=4"),
+                          ("draft:smollm2-135m,quantize=int4", "chain:k=4")]:  # a separate int4 draft model
         int8_llm.use(drafter, tree)
         outs = int8_llm.generate(prompts, params)
         assert [o.token_ids for o in outs] == alone, drafter
