@@ -104,8 +104,8 @@ class RecycleDrafter(DrafterBase):
         hybrid trees and node planning read them; `scored` False lets the reference skip them)."""
         prevs = [_before_last(seq) for seq in seqs]
         if spec.kind is TreeKind.DYNAMIC:  # best-first on the recycled probabilities
-            return [self.matrix.expand_best_first(seq.last_token, spec.budget, spec.depth, self.min_prob, spec.topk,
-                                                  prev) for seq, prev in zip(seqs, prevs)]
+            return self.matrix.expand_best_first_many([seq.last_token for seq in seqs], prevs, spec.budget,
+                                                      spec.depth, self.min_prob, spec.topk)
         layout = self._layout(spec)
         if scored or self.matrix.uses_kernels():  # the compiled expansion scores for free
             return self.matrix.expand_many([seq.last_token for seq in seqs], prevs, layout, spec.depth)

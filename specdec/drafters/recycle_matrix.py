@@ -303,6 +303,21 @@ class AdjacencyMatrix:
         return tokens, parents, scores
 
 
+    def expand_best_first_many(self, roots: list[int], prevs: list[int], budget: int, max_depth: int,
+                               min_prob: float = 0.0, width: int | None = None
+                               ) -> list[tuple[list[int], list[int], list[float]]]:
+        """`expand_best_first` for every (root, prev) pair: one compiled call for the whole batch where the
+        kernels are built (recycle_matrix.cpp), the heap above elsewhere."""
+        if not self.uses_kernels():
+            return [self.expand_best_first(root, budget, max_depth, min_prob, width, prev)
+                    for root, prev in zip(roots, prevs)]
+        tokens, parents, scores, counts = cpu_kernels.recycle_best_first(
+            self._views, self.pair_bits, torch.tensor(roots, dtype=torch.int64), torch.tensor(prevs, dtype=torch.int64),
+            budget, max_depth, min_prob, self.k if width is None else width)
+        return [(t[:n], p[:n], sc[:n]) for t, p, sc, n in zip(tokens.tolist(), parents.tolist(), scores.tolist(),
+                                                              counts.tolist())]
+
+
 def _last_occurrences(values: np.ndarray) -> np.ndarray:
     """Indices of the last occurrence of each distinct value, in ascending order of value.
 

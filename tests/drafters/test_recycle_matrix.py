@@ -230,3 +230,24 @@ def test_compiled_expansions_equal_the_numpy_reference_with_scores(seed, pair_bi
         assert got == want, depth
         assert [numpy_.expand(r, layout, depth, p) for r, p in zip(roots, prevs)] == [g[:2] for g in got]
     assert max(len(tokens) for tokens, _, _ in got) > 3  # the case is not trivially empty
+
+
+@needs_kernels
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("pair_bits", [0, 3, 10])
+def test_compiled_best_first_trees_equal_the_heap_reference(seed, pair_bits):
+    compiled, numpy_ = _random_matrices(seed, 40, 4, pair_bits)
+    if seed % 2:  # equal probabilities everywhere: the order of offers alone decides (heapq's tie rule)
+        for matrix in (compiled, numpy_):
+            matrix.probs[matrix.probs > 0] = 0.5
+            matrix.pair_probs[matrix.pair_probs > 0] = 0.5
+    roots = list(range(40))  # seen and unseen rows alike
+    prevs = [(r * 7) % 23 - 1 for r in roots]
+    sizes = []
+    for budget, depth, min_prob, width in [(6, 6, 0.0, 4), (8, 3, 0.0, 2), (12, 8, 1e-3, None), (1, 1, 0.0, 1),
+                                           (0, 4, 0.0, 4), (5, 0, 0.0, 4), (8, 6, 0.2, 3)]:
+        got = compiled.expand_best_first_many(roots, prevs, budget, depth, min_prob, width)
+        want = numpy_.expand_best_first_many(roots, prevs, budget, depth, min_prob, width)
+        assert got == want, (budget, depth, min_prob, width)
+        sizes += [len(tokens) for tokens, _, _ in got]
+    assert max(sizes) >= 6  # the trees are not trivially empty

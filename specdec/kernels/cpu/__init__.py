@@ -31,11 +31,12 @@ from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: o
 
 __all__ = ["argmax_rows", "available", "copy_kv_layers", "copy_kv_slots", "decode_attention", "decode_layers",
            "flat_verified_rows", "isa",
-           "linear_q4", "linear_q8", "paged_attention", "quantize", "recycle_expand", "recycle_write", "rms_norm",
+           "linear_q4", "linear_q8", "paged_attention", "quantize", "recycle_best_first", "recycle_expand",
+           "recycle_write", "rms_norm",
            "rope_kv", "silu_mul", "top_k_probs", "write_kv"]
 SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp", "logit_rows.cpp", "qlinear.cpp",
            "qlinear_amx.cpp", "qlinear_vnni.cpp", "recycle_matrix.cpp")
-HEADERS = ("attention_rows.h", "isa.h", "ops.h", "qlinear_amx.h", "qlinear_vnni.h", "vec.h")
+HEADERS = ("attention_rows.h", "isa.h", "ops.h", "qlinear_amx.h", "qlinear_vnni.h", "vec.h", "vec16.h")
 _HERE = Path(__file__).resolve().parent
 
 
@@ -131,6 +132,13 @@ def recycle_expand(arrays: tuple[Tensor, ...], pair_bits: int, roots: Tensor, pr
                    ranks: Tensor, count: int) -> list[Tensor]:
     """A static template filled from every root at once (the reference is `AdjacencyMatrix.expand`)."""
     return torch.ops.specdec_cpu.recycle_expand(*arrays, pair_bits, roots, prevs, parents, ranks, count)
+
+
+def recycle_best_first(arrays: tuple[Tensor, ...], pair_bits: int, roots: Tensor, prevs: Tensor, budget: int,
+                       max_depth: int, min_prob: float, width: int) -> list[Tensor]:
+    """Every root's best-first tree at once (the reference is `AdjacencyMatrix.expand_best_first`)."""
+    return torch.ops.specdec_cpu.recycle_best_first(*arrays, pair_bits, roots, prevs, budget, max_depth, min_prob,
+                                                    width)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, mode: int = 0, residual: Tensor | None = None,
