@@ -234,3 +234,29 @@ def test_the_environment_switch_names_a_level_and_ignores_anything_else():
 
     assert level("avx2") in ("avx2", "scalar")
     assert level("sse") == level("")
+
+
+@needs_avx512
+@pytest.mark.parametrize("n,mode", [(8, 0), (40, 0), (40, 1), (96, 2), (1536, 0), (1536, 1), (1536, 2)])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_sixteen_lane_silu_gives_the_eight_lane_bits(n, mode, scaled):
+    """silu(gate) * up runs its exps sixteen lanes at a time on AVX-512; every output form keeps the AVX2 bits
+    (n = 40 leaves an eight-lane tail, n = 8 runs no sixteen-lane chunk at all; q8 rows are multiples of 32)."""
+    gen = torch.Generator().manual_seed(n + mode)
+    gate_up = torch.randn(5, 2 * n, generator=gen) * 6.0
+    gate_up[0, :4] = torch.tensor([0.0, -0.0, 90.0, -90.0])  # a zero of each sign, overflow and underflow
+    scale = torch.rand(5, 1, generator=gen) + 0.5 if scaled else None
+    slow, fast = _both(lambda: cpu.silu_mul(gate_up, scale, mode))
+    for a, b in zip(slow, fast):
+        assert torch.equal(a, b)
+
+
+@needs_avx512
+@pytest.mark.parametrize("v", [8, 100, 49152])
+def test_sixteen_lane_softmax_sums_give_the_eight_lane_top_k_probabilities(v):
+    logits = torch.randn(7, v, generator=torch.Generator().manual_seed(v)) * 4.0
+    logits[0, :3] = torch.tensor([-200.0, 30.0, 30.0])  # an underflowing exp and a tie
+    (p_slow, i_slow), (p_fast, i_fast) = _both(lambda: cpu.top_k_probs(logits, 4))
+    assert torch.equal(i_slow, i_fast) and torch.equal(p_slow, p_fast)
+    want = torch.softmax(logits.double(), dim=-1).topk(4, dim=-1).values.float()
+    torch.testing.assert_close(p_fast, want, rtol=1e-5, atol=1e-7)

@@ -8,7 +8,8 @@
 // top_k_probs: the k largest logits of each row with their softmax probabilities: what Token
 // Recycling writes into its matrix after every verified step. torch needs a top-k and a full logsumexp (two
 // passes, about 1.2 ms a step for an 8-node tree over a 49,152-token vocabulary on this CPU); here a row is
-// read once, and a chunk of eight logits none of which beats the current k-th is skipped with one compare.
+// read once, and a chunk of eight logits none of which beats the current k-th is skipped with one compare; on
+// AVX-512 the softmax sum's exps run sixteen at a time (22 -> ~11 us a row).
 //
 // Order: largest first, equal logits in index order (a stable descending sort's first k). Probabilities:
 // exp(x - max) / sum_j exp(x_j - max), the sum in a fixed order, so a row's result never depends on its batch.
@@ -18,7 +19,35 @@
 
 #include <vector>
 
+#include "isa.h"
 #include "vec.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
+#define SPECDEC_WIDE_EXPS 1
+#include <immintrin.h>
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512dq")
+namespace specdec {
+namespace wide_exps {
+#include "vec16.h"
+
+// total + sum of exp(x - mx) over the row's first v / 16 * 16 logits, sixteen exps at a time, each half added to
+// the eight-lane total in the order the eight-lane loop adds it (the same bits); returns where it stopped.
+int64_t exp_sum16(const float* row, int64_t v, float mx, vf& total) {
+  const __m512 m = _mm512_set1_ps(mx);
+  int64_t j = 0;
+  for (; j + 16 <= v; j += 16) {
+    const __m512 e = vexp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), m));
+    total = total + (vf)_mm512_castps512_ps256(e);
+    total = total + (vf)_mm512_extractf32x8_ps(e, 1);
+  }
+  return j;
+}
+
+}  // namespace wide_exps
+}  // namespace specdec
+#pragma GCC pop_options
+#endif
 
 namespace specdec {
 namespace {
@@ -47,6 +76,7 @@ std::vector<at::Tensor> top_k_probs(const at::Tensor& logits, int64_t k) {
   const float* xp = x.data_ptr<float>();
   float* pp = probs.data_ptr<float>();
   int64_t* ip = index.data_ptr<int64_t>();
+  const bool wide = isa::avx512();
   at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> best(k);
     std::vector<int64_t> at_(k);
@@ -74,6 +104,9 @@ std::vector<at::Tensor> top_k_probs(const at::Tensor& logits, int64_t k) {
       const float mx = best[0];
       vf total = splat(0.0f);
       j = 0;
+#if defined(SPECDEC_WIDE_EXPS)
+      if (wide) j = wide_exps::exp_sum16(row, v, mx, total);
+#endif
       for (; j + kLanes <= v; j += kLanes) total = total + vexp(load(row + j) - splat(mx));
       float sum = hsum(total);
       for (; j < v; ++j) sum += sexp(row[j] - mx);
