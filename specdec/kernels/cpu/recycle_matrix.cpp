@@ -71,6 +71,16 @@ struct Matrix {
   }
 };
 
+// What an expansion returns for b roots: tokens, parents (-1 past counts[b]), scores (0 past it), all [b, count].
+struct Trees {
+  at::Tensor tokens, parents, scores, counts;
+  Trees(int64_t b, int64_t count, const at::TensorOptions& opts)
+      : tokens(at::full({b, count}, -1, opts)),
+        parents(at::full({b, count}, -1, opts)),
+        scores(at::zeros({b, count}, opts.dtype(at::kFloat))),
+        counts(at::empty({b}, opts)) {}
+};
+
 void check_tokens(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.dim() == 1 && t.scalar_type() == at::kLong && t.is_contiguous(), name, " must be [N] int64");
 }
@@ -134,15 +144,11 @@ std::vector<at::Tensor> recycle_expand(const at::Tensor& table, const at::Tensor
   const int64_t* par = parents.data_ptr<int64_t>();
   const int64_t* rk = ranks.data_ptr<int64_t>();
   for (int64_t n = 1; n < count; ++n) TORCH_CHECK(par[n] >= 0 && par[n] < n, "parents must come before children");
-  const auto opts = roots.options();
-  at::Tensor out_tokens = at::full({b, count}, -1, opts);
-  at::Tensor out_parents = at::full({b, count}, -1, opts);
-  at::Tensor out_scores = at::zeros({b, count}, opts.dtype(at::kFloat));
-  at::Tensor counts = at::empty({b}, opts);
-  int64_t* ot = out_tokens.data_ptr<int64_t>();
-  int64_t* op = out_parents.data_ptr<int64_t>();
-  float* os = out_scores.data_ptr<float>();
-  int64_t* oc = counts.data_ptr<int64_t>();
+  Trees out(b, count, roots.options());
+  int64_t* ot = out.tokens.data_ptr<int64_t>();
+  int64_t* op = out.parents.data_ptr<int64_t>();
+  float* os = out.scores.data_ptr<float>();
+  int64_t* oc = out.counts.data_ptr<int64_t>();
   const int64_t* rp = roots.data_ptr<int64_t>();
   const int64_t* vp = prevs.data_ptr<int64_t>();
   std::vector<int64_t> tok(count), before(count), index(count);
@@ -174,7 +180,7 @@ std::vector<at::Tensor> recycle_expand(const at::Tensor& table, const at::Tensor
     }
     oc[s] = kept;
   }
-  return {out_tokens, out_parents, out_scores, counts};
+  return {out.tokens, out.parents, out.scores, out.counts};
 }
 
 // The best-first tree of each root (AdjacencyMatrix.expand_best_first, its reference): the `budget` nodes of
@@ -196,15 +202,11 @@ std::vector<at::Tensor> recycle_best_first(const at::Tensor& table, const at::Te
   TORCH_CHECK(budget >= 0 && max_depth >= 0 && width >= 1, "budget and max_depth must be >= 0, width >= 1");
   width = std::min(width, m.k);
   const int64_t count = budget + 1;
-  const auto opts = roots.options();
-  at::Tensor out_tokens = at::full({b, count}, -1, opts);
-  at::Tensor out_parents = at::full({b, count}, -1, opts);
-  at::Tensor out_scores = at::zeros({b, count}, opts.dtype(at::kFloat));
-  at::Tensor counts = at::empty({b}, opts);
-  int64_t* ot = out_tokens.data_ptr<int64_t>();
-  int64_t* op = out_parents.data_ptr<int64_t>();
-  float* os = out_scores.data_ptr<float>();
-  int64_t* oc = counts.data_ptr<int64_t>();
+  Trees out(b, count, roots.options());
+  int64_t* ot = out.tokens.data_ptr<int64_t>();
+  int64_t* op = out.parents.data_ptr<int64_t>();
+  float* os = out.scores.data_ptr<float>();
+  int64_t* oc = out.counts.data_ptr<int64_t>();
   const int64_t* rp = roots.data_ptr<int64_t>();
   const int64_t* vp = prevs.data_ptr<int64_t>();
   struct Offer {
@@ -247,7 +249,7 @@ std::vector<at::Tensor> recycle_best_first(const at::Tensor& table, const at::Te
     }
     oc[s] = n;
   }
-  return {out_tokens, out_parents, out_scores, counts};
+  return {out.tokens, out.parents, out.scores, out.counts};
 }
 
 }  // namespace
