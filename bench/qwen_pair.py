@@ -64,6 +64,7 @@ CONFIGS = [  # (label, drafter, tree); configurations with one drafter spec shar
     ("draft:0.5b int4 vocab=32768 chain k=3", "draft:quantize=int4,vocab=32768", "chain:k=3"),
     ("draft:0.5b int4 vocab=32768 chain k=5", "draft:quantize=int4,vocab=32768", "chain:k=5"),
     ("draft:0.5b int4 vocab=32768 chain k=4", "draft:quantize=int4,vocab=32768", "chain:k=4"),
+    ("draft:0.5b default no twin", "draft:twin=0", None),  # the int4 draft's prompt on its int4 layers
     ("ngram", "ngram", "chain:k=5"),
     ("recycle", "recycle", "chain:k=4"),
     ("suffix", "suffix", "chain:k=6"),

@@ -1,4 +1,4 @@
-"""`draft[:<model>|layers=N][,k=5]`: a small llama-family model drafts for the target.
+"""`draft[:<model>|layers=N][,k=5,vocab=N,quantize=int4|int8,twin=1]`: a small llama-family model drafts for the target.
 
 * `draft:<model>`: any model our loaders read that shares the target's tokenizer, with its own paged cache.
 * `draft:layers=N`: an early-exit self-draft: the target's first N layers, final norm and LM head (no extra
@@ -35,15 +35,20 @@ from specdec.models.quant import quantize_drafter_int8_
 from specdec.tree.spec import TreeSpec, chain
 
 DEFAULT_EARLY_EXIT_LAYERS = 6
+# An int4 draft under an int8 target runs passes of more than 4 rows (its prompt, a long catch-up) on an int8 twin
+# of its layers: the int4 tiles pay per row (the 0.5B's linears: 28.6 ms at 1 row, 43.7 at 4, 66.9 at 8, 492 at
+# 64), the int8 ones hardly (45.0, 44.5, 44.6, 105 ms on AMX; bench/int8_rows.py --bits 8,4 --rows 1,4,8,64).
+TWIN_ROWS = 5
 
 
 class DraftModelDrafter(ModelDrafter):
     name = "draft"
 
     def __init__(self, model: LlamaModel, engine: EngineConfig, k: int = 5, num_layers: int | None = None,
-                 ids: Tensor | None = None) -> None:
+                 ids: Tensor | None = None, twin: LlamaModel | None = None) -> None:
         self.k = k
         self.ids = ids  # [N] target id of each draft id, when the model's head is a ReducedHead (vocab=N)
+        self.twin = twin  # the same draft with int8 layers, for passes of TWIN_ROWS rows or more (int4 drafts)
         self.runner = ModelRunner.create(model, engine.num_blocks + spare_blocks(engine), engine.block_size,
                                          num_layers)
         self.cache = self.runner.cache
@@ -66,7 +71,13 @@ class DraftModelDrafter(ModelDrafter):
     def _forward(self, feeds: list[Feed]) -> list[Tensor]:
         chunks = [Chunk(f.table, f.tokens, f.positions, f.mask, Rows.ALL if f.outputs is None else Rows.LAST,
                         tail=f.outputs or 1) for f in feeds]
-        return [out.logits for out in self.runner.run(chunks)]
+        model = self.runner.model
+        if self.twin is not None and max(len(f.tokens) for f in feeds) >= TWIN_ROWS:
+            self.runner.model = self.twin  # same config, same cache layout: the K/V it writes serve the int4 model
+        try:
+            return [out.logits for out in self.runner.run(chunks)]
+        finally:
+            self.runner.model = model
 
     def _logits(self, outputs: Tensor) -> tuple[Tensor, Tensor | None]:
         return outputs, self.ids
@@ -87,6 +98,7 @@ def _build_draft(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter
     layers = args.pop("layers", None)
     model_ref = args.pop("", None)
     quantize = _quantize_option(args.pop("quantize", None), ctx)
+    twin = int_arg(args, "twin", 1, minimum=0)  # 0: an int4 draft runs every pass on its int4 layers
     reject_unknown("draft", args)
     target: LlamaModel = ctx.target.model
     if model_ref is not None and layers is not None:
@@ -119,7 +131,23 @@ def _build_draft(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter
     check_same_tokenizer(ctx.target.tokenizer, draft.tokenizer, model_ref)
     if ctx.quantize == "int8" and draft.quantized is None:  # CUDA or a non-float32 dtype: as before
         quantize_drafter_int8_(draft.model)
-    return _drafter(draft.model, ctx, k, vocab)
+    drafter = _drafter(draft.model, ctx, k, vocab)
+    if twin and precision == "int4" and ctx.quantize == "int8" and draft.quantized == "int4":
+        drafter.twin = _int8_twin(model_ref, ctx, draft.model)
+    return drafter
+
+
+def _int8_twin(model_ref: str, ctx: DrafterContext, draft: LlamaModel) -> LlamaModel:
+    """The int4 draft's layers again at int8, sharing its embedding, final norm and head (TWIN_ROWS): about one
+    byte a layer weight more, twice where the kernels keep an AMX copy (the 0.5B: +0.3 GB resident)."""
+    from specdec.models.config import ModelConfig
+    from specdec.models.loader import resolve_target
+    from specdec.models.quantized_load import load_quantized
+
+    folder = resolve_target(model_ref, show_progress=False)
+    twin = load_quantized(folder, ModelConfig.from_file(folder / "config.json"), bits=8, layers_only=True)
+    twin.embed_tokens, twin.norm, twin.lm_head = draft.embed_tokens, draft.norm, draft.lm_head
+    return twin
 
 
 def _drafter(draft: LlamaModel, ctx: DrafterContext, k: int, vocab: int) -> DraftModelDrafter:

@@ -23,16 +23,23 @@ from specdec.models.loader import _no_weight_init, load_state_dict, to_engine_we
 from specdec.models.quant import finish_int8_serving, head_bits, int8_serving_policy, quantize_int8_
 
 
-def load_quantized(folder: Path, config: ModelConfig, bits: int = 8) -> LlamaModel:
-    """The int8 (bits=8), int7 (bits=7) or int4 (bits=4) CPU serving model of the HF folder `folder`."""
+def load_quantized(folder: Path, config: ModelConfig, bits: int = 8, layers_only: bool = False) -> LlamaModel:
+    """The int8 (bits=8), int7 (bits=7) or int4 (bits=4) CPU serving model of the HF folder `folder`.
+
+    `layers_only`: the decoder layers and final norm only; the embedding and the head stay unset (never read, so
+    never in memory) for a caller that gives the model others' (an int4 draft's int8 twin borrows the draft's)."""
     with _no_weight_init():
         model = LlamaModel(config, device="cpu")
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    unset = set(shapes) - ({"lm_head.weight"} if config.tie_embeddings else set())
+    unset = set(shapes) - ({"lm_head.weight"} if config.tie_embeddings or layers_only else set())
     top = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "embed_tokens.weight", "norm.weight"}
+    if layers_only:
+        unset.discard("embed_tokens.weight")
+        top = {"model.norm.weight", "norm.weight"}
     hf = load_state_dict(folder, lambda k: k in top)
     stored_head = hf.pop("lm_head.weight", None)  # kept in its stored dtype: quantized in slices, never float32
-    engine = to_engine_weights(hf, config, layers=(), top=True)
+    engine = (to_engine_weights(hf, config, layers=(), top=True) if not layers_only
+              else {"norm.weight": hf["model.norm.weight" if "model.norm.weight" in hf else "norm.weight"]})
     fallback_head = engine.pop("lm_head.weight", None)  # untied checkpoints without one reuse the embedding
     del hf
     _assign(model, engine, shapes, unset)
@@ -47,13 +54,14 @@ def load_quantized(folder: Path, config: ModelConfig, bits: int = 8) -> LlamaMod
         quantize_int8_(layer, make=make)
     if unset:
         raise ModelLoadError(f"checkpoint lacks tensors: {', '.join(sorted(unset)[:5])}")
-    head = model.embed_tokens.weight if config.tie_embeddings else (
-        stored_head if stored_head is not None else fallback_head)
+    if not layers_only:
+        head = model.embed_tokens.weight if config.tie_embeddings else (
+            stored_head if stored_head is not None else fallback_head)
+        if tuple(head.shape) != shapes["lm_head.weight"]:
+            raise ModelLoadError(f"tensor lm_head.weight has shape {tuple(head.shape)}, the config implies "
+                                 f"{shapes['lm_head.weight']}")
+        _quantize_head(model, head, make, head_bits(bits))
     del stored_head, fallback_head
-    if tuple(head.shape) != shapes["lm_head.weight"]:
-        raise ModelLoadError(f"tensor lm_head.weight has shape {tuple(head.shape)}, the config implies "
-                             f"{shapes['lm_head.weight']}")
-    _quantize_head(model, head, make, head_bits(bits))
     model.rope = type(model.rope)(config, "cpu")
     finish_int8_serving(model)
     return model.eval().requires_grad_(False)

@@ -228,3 +228,31 @@ def test_registered_draft_goes_int4_with_a_cut_head_only_where_its_alias_and_the
         assert default_draft_precision(_context(None, "qwen2.5-coder-1.5b")) == (None, 0)  # a float target
     monkeypatch.setattr(cpu, "available", lambda: False)
     assert default_draft_precision(_context("int8", "qwen2.5-coder-1.5b")) == ("int8", 0)
+
+
+def test_an_int8_twin_runs_the_passes_of_five_rows_or_more_and_writes_the_same_cache(draft, target):
+    """A twin (an int4 draft's int8 layers) takes a prompt or a long catch-up; one-row drafting stays on the
+    draft itself. Here the twin is another model, so whichever ran shows in the cache it wrote."""
+    from specdec.drafters.draft_model import TWIN_ROWS
+
+    calls = []
+    twin_forward = target.forward
+    drafter = DraftModelDrafter(draft, CONFIG, k=3, twin=target)
+    try:
+        target.forward = lambda *a, **kw: calls.append(a[0].shape[0]) or twin_forward(*a, **kw)
+        seq = make_seq(list(range(1, 9)), [9])  # 9 tokens to catch up on: a twin pass
+        drafter.propose([seq], chain(3))
+        assert calls == [seq.num_tokens] and calls[0] >= TWIN_ROWS
+        seq.output_ids += [10, 11]  # 2 accepted tokens to catch up on: the draft's own pass
+        drafter.propose([seq], chain(3))
+        assert len(calls) == 1
+    finally:
+        del target.forward
+    assert drafter.runner.model is draft
+    alone = make_seq(list(range(1, 9)), [9])
+    fresh = DraftModelDrafter(target, CONFIG, k=3)  # the twin's model alone
+    fresh.propose([alone], chain(3))
+    for layer in range(draft.config.num_layers):  # the first 9 positions' K and V are the twin's
+        pairs = zip(drafter.cache.gather(drafter.table(seq), layer), fresh.cache.gather(fresh.table(alone), layer))
+        for mine, theirs in pairs:
+            torch.testing.assert_close(mine[:9], theirs[:9], atol=1e-6, rtol=1e-6)
