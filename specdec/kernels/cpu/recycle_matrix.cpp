@@ -74,11 +74,17 @@ struct Matrix {
 // What an expansion returns for b roots: tokens, parents (-1 past counts[b]), scores (0 past it), all [b, count].
 struct Trees {
   at::Tensor tokens, parents, scores, counts;
+  int64_t *ot, *op, *oc;  // their data
+  float* os;
   Trees(int64_t b, int64_t count, const at::TensorOptions& opts)
       : tokens(at::full({b, count}, -1, opts)),
         parents(at::full({b, count}, -1, opts)),
         scores(at::zeros({b, count}, opts.dtype(at::kFloat))),
-        counts(at::empty({b}, opts)) {}
+        counts(at::empty({b}, opts)),
+        ot(tokens.data_ptr<int64_t>()),
+        op(parents.data_ptr<int64_t>()),
+        oc(counts.data_ptr<int64_t>()),
+        os(scores.data_ptr<float>()) {}
 };
 
 void check_tokens(const at::Tensor& t, const char* name) {
@@ -145,10 +151,8 @@ std::vector<at::Tensor> recycle_expand(const at::Tensor& table, const at::Tensor
   const int64_t* rk = ranks.data_ptr<int64_t>();
   for (int64_t n = 1; n < count; ++n) TORCH_CHECK(par[n] >= 0 && par[n] < n, "parents must come before children");
   Trees out(b, count, roots.options());
-  int64_t* ot = out.tokens.data_ptr<int64_t>();
-  int64_t* op = out.parents.data_ptr<int64_t>();
-  float* os = out.scores.data_ptr<float>();
-  int64_t* oc = out.counts.data_ptr<int64_t>();
+  int64_t *ot = out.ot, *op = out.op, *oc = out.oc;
+  float* os = out.os;
   const int64_t* rp = roots.data_ptr<int64_t>();
   const int64_t* vp = prevs.data_ptr<int64_t>();
   std::vector<int64_t> tok(count), before(count), index(count);
@@ -203,10 +207,8 @@ std::vector<at::Tensor> recycle_best_first(const at::Tensor& table, const at::Te
   width = std::min(width, m.k);
   const int64_t count = budget + 1;
   Trees out(b, count, roots.options());
-  int64_t* ot = out.tokens.data_ptr<int64_t>();
-  int64_t* op = out.parents.data_ptr<int64_t>();
-  float* os = out.scores.data_ptr<float>();
-  int64_t* oc = out.counts.data_ptr<int64_t>();
+  int64_t *ot = out.ot, *op = out.op, *oc = out.oc;
+  float* os = out.os;
   const int64_t* rp = roots.data_ptr<int64_t>();
   const int64_t* vp = prevs.data_ptr<int64_t>();
   struct Offer {
