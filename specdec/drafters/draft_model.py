@@ -132,14 +132,14 @@ def _build_draft(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter
     if ctx.quantize == "int8" and draft.quantized is None:  # CUDA or a non-float32 dtype: as before
         quantize_drafter_int8_(draft.model)
     drafter = _drafter(draft.model, ctx, k, vocab)
-    if twin and precision == "int4" and ctx.quantize == "int8" and draft.quantized == "int4":
+    if twin and ctx.quantize == "int8" and draft.quantized == "int4":
         drafter.twin = _int8_twin(model_ref, ctx, draft.model)
     return drafter
 
 
 def _int8_twin(model_ref: str, ctx: DrafterContext, draft: LlamaModel) -> LlamaModel:
     """The int4 draft's layers again at int8, sharing its embedding, final norm and head (TWIN_ROWS): about one
-    byte a layer weight more, twice where the kernels keep an AMX copy (the 0.5B: +0.3 GB resident)."""
+    byte a layer weight more, twice where the kernels keep an AMX copy."""
     from specdec.models.config import ModelConfig
     from specdec.models.loader import resolve_target
     from specdec.models.quantized_load import load_quantized
@@ -204,7 +204,6 @@ def check_same_tokenizer(target_tok, draft_tok, name: str) -> None:
                           f"(vocabularies of {len(draft_tok)} vs {len(target_tok)} tokens differ)")
 
 
-
 def _quantize_option(raw: str | None, ctx: DrafterContext) -> str | None:
     if raw is None:
         return None
@@ -233,6 +232,6 @@ def default_draft_precision(ctx: DrafterContext) -> tuple[str | None, int]:
 
     alias = alias_of(ctx.target.source)
     lighter = registry.lighter_draft(alias) if alias is not None else None
-    if ctx.quantize == "int8" and lighter is not None and cpu.available() and cpu.isa() != "avx2":
+    if ctx.quantize == "int8" and lighter is not None and cpu.available() and cpu.isa() in ("avx512", "amx"):
         return "int4", lighter
     return ctx.quantize, 0

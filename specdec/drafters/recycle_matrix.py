@@ -302,7 +302,6 @@ class AdjacencyMatrix:
                 offer(len(tokens) - 1, -neg)
         return tokens, parents, scores
 
-
     def expand_best_first_many(self, roots: list[int], prevs: list[int], budget: int, max_depth: int,
                                min_prob: float = 0.0, width: int | None = None
                                ) -> list[tuple[list[int], list[int], list[float]]]:

@@ -26,20 +26,19 @@ from specdec.models.quant import finish_int8_serving, head_bits, int8_serving_po
 def load_quantized(folder: Path, config: ModelConfig, bits: int = 8, layers_only: bool = False) -> LlamaModel:
     """The int8 (bits=8), int7 (bits=7) or int4 (bits=4) CPU serving model of the HF folder `folder`.
 
-    `layers_only`: the decoder layers and final norm only; the embedding and the head stay unset (never read, so
-    never in memory) for a caller that gives the model others' (an int4 draft's int8 twin borrows the draft's)."""
+    `layers_only`: the decoder layers only; the embedding, final norm and head stay unset (never read, so never
+    in memory) for a caller that gives the model others' (an int4 draft's int8 twin borrows the draft's)."""
     with _no_weight_init():
         model = LlamaModel(config, device="cpu")
     shapes = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    unset = set(shapes) - ({"lm_head.weight"} if config.tie_embeddings or layers_only else set())
+    unset = set(shapes) - ({"lm_head.weight"} if config.tie_embeddings else set())
     top = {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "embed_tokens.weight", "norm.weight"}
     if layers_only:
-        unset.discard("embed_tokens.weight")
-        top = {"model.norm.weight", "norm.weight"}
+        unset -= {"embed_tokens.weight", "norm.weight", "lm_head.weight"}
+        top = set()
     hf = load_state_dict(folder, lambda k: k in top)
     stored_head = hf.pop("lm_head.weight", None)  # kept in its stored dtype: quantized in slices, never float32
-    engine = (to_engine_weights(hf, config, layers=(), top=True) if not layers_only
-              else {"norm.weight": hf["model.norm.weight" if "model.norm.weight" in hf else "norm.weight"]})
+    engine = to_engine_weights(hf, config, layers=(), top=True) if not layers_only else {}
     fallback_head = engine.pop("lm_head.weight", None)  # untied checkpoints without one reuse the embedding
     del hf
     _assign(model, engine, shapes, unset)

@@ -221,7 +221,8 @@ def test_registered_draft_goes_int4_with_a_cut_head_only_where_its_alias_and_the
     from specdec.kernels import cpu
 
     monkeypatch.setattr(cpu, "available", lambda: True)
-    for level, expected in [("amx", ("int4", 32768)), ("avx512", ("int4", 32768)), ("avx2", ("int8", 0))]:
+    for level, expected in [("amx", ("int4", 32768)), ("avx512", ("int4", 32768)), ("avx2", ("int8", 0)),
+                            ("scalar", ("int8", 0))]:  # no VNNI int4 tiles below avx512
         monkeypatch.setattr(cpu, "isa", lambda *_, level=level: level)
         assert default_draft_precision(_context("int8", "qwen2.5-coder-1.5b")) == expected, level
         assert default_draft_precision(_context("int8", "smollm2-135m")) == ("int8", 0)  # its alias keeps int8
