@@ -311,7 +311,7 @@ class Engine:
             self.planner.observe_forward(prefill_tokens + sum(len(tree) for tree in trees),
                                          timing.committed - timing.proposed, prefill_tokens=prefill_tokens)
         if self.nodes is not None:
-            self.nodes.observe(batch.decodes, trees, results)
+            self.nodes.observe(batch.decodes, trees, results, timing.drafter_after)
         elif self._draft_seconds is not None:  # a speculative step of the depth plan: what it really gained
             self.planner.observe_gain(len(trees), sum(len(tree) - 1 for tree in trees),
                                       sum(result.num_accepted_drafts for result in results), self._draft_seconds)

@@ -33,7 +33,7 @@ class NodePlannedDrafting:
     def __init__(self, drafter: Drafter, spec: TreeSpec, planner: SpeculationPlanner) -> None:
         self.drafter, self.spec, self.planner = drafter, spec, planner
         self._ranked: dict[int, tuple[MergedTree, int]] = {}  # seq id -> its ranked draft, nodes verified
-        self._drafted = False  # this step drafted: its gain is measured after verification
+        self._drafted: tuple[int, float] | None = None  # this step drafted: (sequences, seconds proposing)
 
     def trees(self, seqs: list[Sequence], prefill_tokens: int) -> list[TokenTree]:
         """This step's tree per sequence: the best prefix of its ranked draft that the plan verifies.
@@ -42,7 +42,6 @@ class NodePlannedDrafting:
         the tree's shape, and so the request's output, depend on what the calibration learnt from others."""
         if not self.planner.should_draft(seqs, prefill_tokens):
             return [TokenTree.chain([seq.last_token]) for seq in seqs]
-        self._drafted = True
         spec, calibration = self.spec, self.planner.calibration
         start = time.perf_counter()
         pinned = [is_pinned(seq) for seq in seqs]
@@ -50,7 +49,7 @@ class NodePlannedDrafting:
                        scored_proposals(self.drafter, [s for s, pin in zip(seqs, pinned) if not pin], spec)])
         fixed = iter(self.drafter.propose([s for s, pin in zip(seqs, pinned) if pin], spec))
         drafts: list[MergedTree | TokenTree] = [next(fixed) if pin else next(ranked) for pin in pinned]
-        self.planner.observe_draft(1, time.perf_counter() - start, len(seqs))
+        self._drafted = len(seqs), time.perf_counter() - start
         probs = [[PINNED_PROB] * (len(d) - 1) if isinstance(d, TokenTree) else d.probs[1:] for d in drafts]
         counts = self.planner.plan_nodes(seqs, probs, prefill_tokens)
         trees = []
@@ -62,12 +61,20 @@ class NodePlannedDrafting:
             trees.append(TokenTree.from_parents(draft.tokens[: count + 1], draft.parents[: count + 1]))
         return trees
 
-    def observe(self, seqs: list[Sequence], trees: list[TokenTree], results: list[VerifyResult]) -> None:
-        """After verification: the step's measured gain for the drafting decision, and which verified nodes
-        were accepted for the calibration (skipped for a tree the context's end cut, whose nodes no longer
-        line up with the ranked ones)."""
-        if self._drafted:
-            self._drafted = False
+    def observe(self, seqs: list[Sequence], trees: list[TokenTree], results: list[VerifyResult],
+                after_seconds: float = 0.0) -> None:
+        """After verification: the step's drafting cost and measured gain for the drafting decision, and which
+        verified nodes were accepted for the calibration (skipped for a tree the context's end cut, whose nodes
+        no longer line up with the ranked ones).
+
+        The drafting cost is the proposal plus the drafter's reading of the verified step (`after_seconds`:
+        Token Recycling's top-k of every verified row, the tries' updates), which a plain step skips once the
+        planner is idle: at 16 requests at once the hybrid's reading took as long as its proposals (1.1-1.6
+        ms of a 33 ms step each), and priced at half its cost, drafting looked cheaper than it was."""
+        if self._drafted is not None:
+            drafting, seconds = self._drafted
+            self._drafted = None
+            self.planner.observe_draft(1, seconds + after_seconds, drafting)
             self.planner.observe_gain(len(trees), sum(len(tree) - 1 for tree in trees),
                                       sum(result.num_accepted_drafts for result in results))
         calibration = self.planner.calibration
