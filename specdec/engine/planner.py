@@ -33,9 +33,9 @@ step timed on the curve it uses (its price is learnt a tree at a time, as a clos
 requests at once, flat from its one measured width (64 rows, 94 ms), the first plan verified 346 drafted rows
 (a 417 ms step) for 61 accepted tokens, and `hybrid:suffix+recycle` ran at 0.92-0.94x of plain decode.
 Measured prices follow the fastest recent steps (timing noise only ever adds), and after `EXPLORE_AFTER` steps
-without speculation one sequence drafts its full tree once, so that a price measured during a stall is measured again (then after twice as many, up to
-`EXPLORE_MAX`, while explorations change nothing); the other way round, a plain step's price that speculation
-has left unmeasured for `REMEASURE_AFTER` steps is timed again by one plain step.
+without speculation one sequence drafts its full tree once, so that a price measured during a stall is measured
+again (then after twice as many, up to `EXPLORE_MAX`, while explorations change nothing); the other way round, a
+plain step's price that speculation has left unmeasured for `REMEASURE_AFTER` steps is timed again by one plain step.
 
 The estimates can still promise more than speculation delivers: the plan picks the sequences whose histories
 look best (the winner's curse), and each estimate is optimistic on purpose. So the plan's promises are checked
