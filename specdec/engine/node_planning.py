@@ -62,7 +62,7 @@ class NodePlannedDrafting:
         return trees
 
     def observe(self, seqs: list[Sequence], trees: list[TokenTree], results: list[VerifyResult],
-                after_seconds: float = 0.0) -> None:
+                after_seconds: float) -> None:
         """After verification: the step's drafting cost and measured gain for the drafting decision, and which
         verified nodes were accepted for the calibration (skipped for a tree the context's end cut, whose nodes
         no longer line up with the ranked ones).

@@ -294,7 +294,7 @@ class SpeculationPlanner:
 
         if closed and (len(seqs) > 1 or waiting_left > 0):  # one sequence alone: its goodput is the batch's end
             chosen = self._plan_closed(seqs, spec, betas, nodes, cost, base_tokens, draft_seconds, waiting_left,
-                                       cost.measured_up_to())
+                                       widest)
             return self._explore_if_idle(chosen, [b[0] for b in betas], [spec.depth] * len(seqs))
         pinned = [is_pinned(seq) for seq in seqs]
         depths = [spec.depth if pin else 0 for pin in pinned]
@@ -335,8 +335,8 @@ class SpeculationPlanner:
 
     @staticmethod
     def _plan_closed(seqs: list[Sequence], spec: TreeSpec, betas: list[list[float]], nodes: list[int],
-                     cost: StepCost, base_tokens: int, draft_seconds: Callable[[int, int], float],
-                     waiting_left: int = 0, measured: float = 0.0) -> list[int]:
+                     cost: StepCost | PrefillMargin, base_tokens: int, draft_seconds: Callable[[int, int], float],
+                     waiting_left: int = 0, widest: float = 0.0) -> list[int]:
         """Depths for a closed batch: one depth for the sequences that set its end, none for the others.
 
         With nobody waiting, a sequence that finishes early frees a slot nobody takes: the batch lasts as long
@@ -347,7 +347,7 @@ class SpeculationPlanner:
         speculation pays only if it moves all of them: the batch gains 1 + the least any of them is expected
         to accept a step, for the rows of all their trees. A sequence still waiting for its prefill, with as
         many tokens to go, ends after them whatever they accept: then nobody speculates. A step may be at most
-        one full tree wider than the widest decode step `measured`: the price of wider ones is an
+        `widest` rows, one full tree wider than the widest decode step timed: the price of wider ones is an
         extrapolation, and a closed batch of 64 that believed the slope measured at batch 4 verified 47 trees
         at once (and seeded 2,244 prompt rows for them). Seeded sampled requests keep their full trees."""
         left = [seq.params.max_new_tokens - len(seq.output_ids) for seq in seqs]
@@ -366,7 +366,7 @@ class SpeculationPlanner:
             return (1.0 + gained) / max(cost.predict(base_tokens + rows) + draft_seconds(drafting, deepest), 1e-9)
 
         allowed = [d for d in range(spec.depth + 1)
-                   if d == 0 or base_tokens + extra + nodes[d] * len(critical) <= measured + nodes[spec.depth]]
+                   if d == 0 or base_tokens + extra + nodes[d] * len(critical) <= widest]
         best = max(allowed, key=lambda d: (rate(d), -d))
         chosen = [spec.depth if pin else 0 for pin in pinned]
         for i in movable:
