@@ -69,8 +69,9 @@ class NodePlannedDrafting:
 
         The drafting cost is the proposal plus the drafter's reading of the verified step (`after_seconds`:
         Token Recycling's top-k of every verified row, the tries' updates), which a plain step skips once the
-        planner is idle: at 16 requests at once the hybrid's reading took as long as its proposals (1.1-1.6
-        ms of a 33 ms step each), and priced at half its cost, drafting looked cheaper than it was."""
+        planner is idle. It is no small part: at 16 requests at once `hybrid:suffix+recycle`'s reading of a
+        drafted step took about as long as its proposing, 1-2 ms each of a 31-45 ms step (`python
+        bench/step_log.py --level 16`), so priced without it drafting looked about half as dear as it was."""
         if self._drafted is not None:
             drafting, seconds = self._drafted
             self._drafted = None

@@ -30,8 +30,9 @@ Costs for batch sizes never measured are extrapolated optimistically (in proport
 smallest measurement, flat above a single one), so the planner tries such a step once and learns what it
 costs, rather than guessing from a model of the hardware. But a plan reaches at most one tree beyond the widest
 step timed on the curve it uses (its price is learnt a tree at a time, as a closed batch's already was): at 64
-requests at once, flat from its one measured width (64 rows, 94 ms), the first plan verified 346 drafted rows
-(a 417 ms step) for 61 accepted tokens, and `hybrid:suffix+recycle` ran at 0.92-0.94x of plain decode.
+requests at once, flat from its one measured width (64 rows, about 95 ms), the first plan verified 346 drafted
+rows (a 380-420 ms step) for 61 accepted tokens (`bench/step_log.py`, run at the commit before this rule), and
+`hybrid:suffix+recycle` ran at 0.92-0.94x of plain decode.
 Measured prices follow the fastest recent steps (timing noise only ever adds), and after `EXPLORE_AFTER` steps
 without speculation one sequence drafts its full tree once, so that a price measured during a stall is measured
 again (then after twice as many, up to `EXPLORE_MAX`, while explorations change nothing); the other way round, a
