@@ -61,7 +61,8 @@ class Engine:
         # Lookup drafters draft for every sequence before the plan, which then picks the nodes worth verifying.
         self.nodes = (NodePlannedDrafting(drafter, tree, self.planner)
                       if self.planner is not None and drafter.plans_by_node else None)
-        self._draft_seconds: float | None = None  # this step's drafting time, when the depth plan drafted
+        # This step's (deepest depth, sequences drafting, proposing seconds), when the depth plan drafted.
+        self._drafted: tuple[int, int, float] | None = None
         self.runner = ModelRunner.create(model, config.num_blocks, config.block_size,
                                          prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.runner.cache)
@@ -207,8 +208,7 @@ class Engine:
             start = time.perf_counter()
             proposed = self.drafter.propose(drafting, self.tree.limited(deepest))
             if not first:
-                self._draft_seconds = time.perf_counter() - start
-                self.planner.observe_draft(deepest, self._draft_seconds, len(drafting))
+                self._drafted = (deepest, len(drafting), time.perf_counter() - start)
             trees = {seq.seq_id: tree for seq, tree in zip(drafting, proposed)}
         return [trees[seq.seq_id].cut(d) if d > 0 else TokenTree.chain([seq.last_token])
                 for seq, d in zip(seqs, depths)]
@@ -312,10 +312,16 @@ class Engine:
                                          timing.committed - timing.proposed, prefill_tokens=prefill_tokens)
         if self.nodes is not None:
             self.nodes.observe(batch.decodes, trees, results, timing.drafter_after)
-        elif self._draft_seconds is not None:  # a speculative step of the depth plan: what it really gained
+        elif self._drafted is not None:  # a speculative step of the depth plan: its drafting, what it gained
+            # Drafting is the proposing plus the drafter's reading of the verified step (Token Recycling's top-k
+            # of every verified row, a hybrid's calibration): about as dear as the proposing
+            # (`bench/step_log.py`), so priced in both the per-depth curve and the measured gain.
+            depth, drafting, proposing = self._drafted
+            draft_seconds = proposing + timing.drafter_after
+            self.planner.observe_draft(depth, draft_seconds, drafting)
             self.planner.observe_gain(len(trees), sum(len(tree) - 1 for tree in trees),
-                                      sum(result.num_accepted_drafts for result in results), self._draft_seconds)
-        self._draft_seconds = None
+                                      sum(result.num_accepted_drafts for result in results), draft_seconds)
+        self._drafted = None
         for seq, tree, result in zip(batch.decodes, trees, results):
             self._record(seq, tree, result, draft_s, verify_s)
             if self.planner is not None:

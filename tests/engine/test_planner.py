@@ -241,6 +241,24 @@ def test_a_sequences_first_draft_is_not_priced_as_a_drafting_step():
     assert cost.known and cost.predict(1) < 0.1, cost.predict(1)
 
 
+def test_the_depth_plans_drafting_price_includes_the_drafters_reading_of_the_verified_step():
+    """Token Recycling reads every verified row's top-k after the step, about as dear as its proposing: the
+    depth plan must price that reading as drafting, or it buys trees whose bookkeeping it never pays for."""
+    from specdec.drafters.ngram import NgramDrafter
+    from tests.helpers import run_all, tiny_engine, tiny_model
+
+    class SlowReading(NgramDrafter):
+        def commit(self, seqs, results):
+            time.sleep(0.06)
+            return super().commit(seqs, results)
+
+    engine = tiny_engine(tiny_model(seed=3), SlowReading(), chain(3), adaptive_speculation=True)
+    engine.add_request([1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_new_tokens=12, ignore_eos=True))
+    run_all(engine)
+    cost = engine.planner.draft_cost
+    assert cost.known and cost.predict(1) >= 0.06 / 3, cost.predict(1)  # at least the reading, per depth
+
+
 def test_the_planner_is_idle_only_after_a_run_of_plans_without_speculation():
     from specdec.engine.planner import EXPLORE_AFTER, IDLE_AFTER
 
