@@ -42,6 +42,8 @@ def command(kind: str):
         init_from: Optional[Path] = typer.Option(None, help="Start from this checkpoint folder (fine-tune)."),
         vocab: int = typer.Option(0, help="EAGLE-1/2: token loss over the N most frequent target tokens, and the "
                                           "drafter's default vocab=N (0: the full vocabulary)."),
+        unroll: int = typer.Option(1, help="EAGLE-1/2: passes per batch, each after the first on the predictor's "
+                                           "own features, as deeper drafts read them (training-time test)."),
         teacher_bf16: bool = typer.Option(False, help="bf16 autocast for the target's feature pass."),
         train_bf16: bool = typer.Option(False, help="bf16 autocast while training."),
         device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
@@ -61,8 +63,10 @@ def command(kind: str):
                                    new_tokens=new_tokens, steps=steps, batch_size=batch_size, lr=lr,
                                    val_prompts=val_prompts, seed=seed, draft_vocab=draft_vocab, ttt_steps=ttt_steps,
                                    ce_fraction=ce_fraction, ce_weight=ce_weight, vocab=vocab,
-                                   init_from=str(init_from) if init_from else None, teacher_bf16=teacher_bf16, train_bf16=train_bf16)
-            for name in ("max_prompts", "new_tokens", "steps", "batch_size", "val_prompts", "draft_vocab", "ttt_steps"):
+                                   init_from=str(init_from) if init_from else None, teacher_bf16=teacher_bf16, train_bf16=train_bf16,
+                                   unroll=unroll)
+            for name in ("max_prompts", "new_tokens", "steps", "batch_size", "val_prompts", "draft_vocab", "ttt_steps",
+                         "unroll"):
                 if getattr(cfg, name) < 1:
                     raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
             if vocab < 0:

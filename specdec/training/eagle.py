@@ -44,7 +44,7 @@ FEATURES_FILE = "features.pt"  # one file for the whole corpus: run folders from
 FEATURES_DIR = "features"  # the slices `record_in_shards` writes
 SHARD_SEQUENCES = 200  # about 45k tokens of the default corpus, three minutes on one thread
 CHECKPOINT_FILE = "checkpoint.pt"
-STEP_WEIGHT = 0.8  # EAGLE-3: weight of unrolled step j is 0.8^j
+STEP_WEIGHT = 0.8  # weight of unrolled step j is 0.8^j (EAGLE-3's training-time test, EAGLE-1/2's --unroll)
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,16 @@ class EagleTrainConfig:
     #                 drafts with `eagle:vocab=N` (the default it ships with); 0 = the full vocabulary
     teacher_bf16: bool = False  # bf16 autocast for the target's feature pass
     train_bf16: bool = False  # bf16 autocast for the predictor (and the frozen head) while training
+    unroll: int = 1  # EAGLE-1/2: passes per batch, each after the first on the predictor's own features
 
     @property
     def version(self) -> int:
         return 3 if self.kind == "eagle3" else 1
+
+    @property
+    def unrolled_steps(self) -> int:
+        """Passes of the loss per batch: EAGLE-3's training-time test, or EAGLE-1/2's unroll."""
+        return self.ttt_steps if self.version == 3 else self.unroll
 
     def command(self, out: Path, published: bool = False) -> str:
         parts = [f"specdec train {self.kind}", f"--target {self.target}"]
@@ -91,6 +97,8 @@ class EagleTrainConfig:
             parts.append(f"--ce-weight {self.ce_weight}")
         if self.version == 1 and self.vocab:
             parts.append(f"--vocab {self.vocab}")
+        if self.version == 1 and self.unroll != 1:
+            parts.append(f"--unroll {self.unroll}")
         if self.version == 3:
             parts += [f"--draft-vocab {self.draft_vocab}", f"--ttt-steps {self.ttt_steps}"]
         parts += ["--teacher-bf16"] if self.teacher_bf16 else []
@@ -299,7 +307,21 @@ def eagle_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indic
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         out = model(embeds, feats.reshape(b * t, -1), positions, attend)
         if model.config.version == 1:
-            return _eagle1_loss(model, target, data, indices, out.float(), valid, ce_fraction, ce_weight, head)
+            loss, metrics = _eagle1_loss(model, target, data, indices, out.float(), valid, ce_fraction, ce_weight,
+                                         head)
+            # Unrolled passes (`ttt_steps` > 1): a drafted depth d >= 2 reads the predictor's own feature from
+            # depth d - 1, never the target's, so later passes feed each pair the previous pass's prediction
+            # for the pair before it and learn to predict from it (EAGLE-3's training-time test, here on the
+            # EAGLE-1/2 predictor, whose targets are unchanged: the next true feature and token distribution).
+            for j in range(1, ttt_steps):
+                shifted = torch.cat([torch.zeros_like(out.view(b, t, -1)[:, :1]), out.view(b, t, -1)[:, :-1]], 1)
+                out = model(embeds, shifted.reshape(b * t, -1), positions, attend)
+                later = valid & (torch.arange(t, device=device)[None] >= j)
+                step_loss, step_metrics = _eagle1_loss(model, target, data, indices, out.float(), later,
+                                                       ce_fraction, ce_weight, head)
+                loss = loss + step_loss * STEP_WEIGHT**j
+                metrics[f"top1_{j}"] = step_metrics["top1_0"]
+            return loss, metrics
         losses, metrics = [], {}
         labels = _padded([data.labels[i] for i in indices], device)[:, 1:]  # target argmax after x_{t+1}
         soft = _soft_labels(model, target, data, indices, b, t)
@@ -453,9 +475,9 @@ def run_eagle_training(cfg: EagleTrainConfig, out: Path, resume: bool = False, l
     state = TrainState(**torch.load(ckpt, weights_only=True)["state"]) if resume and ckpt.is_file() else None
     if state is None:
         start = time.perf_counter()
-        state = TrainState(history=[{"step": 0, **evaluate(model, target, data, val, cfg.ttt_steps, head=head)}])
+        state = TrainState(history=[{"step": 0, **evaluate(model, target, data, val, cfg.unrolled_steps, head=head)}])
         state.seconds = time.perf_counter() - start
-    state = train_predictor(model, target, data, train, val, settings, cfg.ttt_steps, ckpt, state, progress,
+    state = train_predictor(model, target, data, train, val, settings, cfg.unrolled_steps, ckpt, state, progress,
                             cfg.ce_fraction, cfg.ce_weight, head)
     final = state.history[-1]
     log(f"train: {state.step} steps in {state.seconds:.0f} s; held-out top-1 {final.get('val_top1_0', 0):.3f}")

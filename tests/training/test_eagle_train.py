@@ -167,3 +167,36 @@ def test_reduced_vocabulary_token_loss_trains_on_the_head_rows_only(tmp_path: Pa
     train_predictor(model, target, data, train, val, settings, 1, tmp_path / "ckpt.pt", head=head)
     after = evaluate(model, target, data, train, ttt_steps=1, head=head)["val_loss"]
     assert after < 0.7 * before, f"loss {before:.3f} -> {after:.3f}"
+
+
+def test_eagle1_unrolled_pass_reads_the_predictors_own_features():
+    """`--unroll 2` on EAGLE-1/2: the second pass feeds pair t the first pass's prediction for pair t - 1 (what
+    a depth-2 draft reads), attends as a depth-2 draft does, and its loss is added at weight 0.8; a pass fed the
+    target's true features instead gives another loss."""
+    target, data = tiny_data(1)
+    model = init_predictor(target, 1, seed=0)
+    batch = [0, 1, 2, 3]
+    one, _ = eagle_loss(model, target, data, batch, 1)
+    two, metrics = eagle_loss(model, target, data, batch, 2)
+    assert "top1_1" in metrics
+
+    ids = eagle._padded([data.ids[i] for i in batch], model.device)
+    lengths = torch.tensor([data.ids[i].shape[0] for i in batch])
+    b, t = ids.shape[0], ids.shape[1] - 1
+    valid = torch.arange(t)[None] < (lengths[:, None] - 1)
+    feats = eagle._padded([data.features[i] for i in batch], model.device, torch.float32)[:, :-1]
+    embeds = target.embed_tokens(ids[:, 1:]).float().reshape(b * t, -1)
+    positions = torch.arange(t).repeat(b)
+    attend = eagle.DenseAttention(b, t, model.config.layer)
+    first = model(embeds, feats.reshape(b * t, -1), positions, attend).view(b, t, -1)
+    shifted = torch.cat([torch.zeros_like(first[:, :1]), first[:, :-1]], dim=1)
+    second = model(embeds, shifted.reshape(b * t, -1), positions, attend).float()
+    later = valid & (torch.arange(t)[None] >= 1)
+    expected = one + eagle.STEP_WEIGHT * eagle._eagle1_loss(model, target, data, batch, second, later)[0]
+    torch.testing.assert_close(two, expected)
+
+    attend = eagle.DenseAttention(b, t, model.config.layer)
+    model(embeds, feats.reshape(b * t, -1), positions, attend)
+    teacher = model(embeds, feats.reshape(b * t, -1), positions, attend).float()
+    forced = one + eagle.STEP_WEIGHT * eagle._eagle1_loss(model, target, data, batch, teacher, later)[0]
+    assert not torch.allclose(two, forced)
