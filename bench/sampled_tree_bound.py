@@ -35,6 +35,7 @@ from specdec.config import EngineConfig, SamplingParams
 from specdec.data import bench_prompts
 from specdec.drafters.model_drafter import ModelDrafter
 from specdec.sampling import target_probs
+from specdec.spec_strings import with_options
 
 WIDTHS = (1, 2, 3, 4)
 
@@ -147,7 +148,7 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|"]
     for drafter in args.drafters.split(","):
         stats = RootStats(draft_temps, args.draws, args.support)
-        llm.use(f"{drafter}:trees=topk", args.tree)
+        llm.use(with_options(drafter, "trees=topk"), args.tree)
         outs = llm.generate(prompts, params)
         tau = sum(o.metrics.mean_accepted_tokens for o in outs) / len(outs)
         n = stats.roots

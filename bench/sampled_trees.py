@@ -23,6 +23,7 @@ import torch
 from specdec.api import LLM
 from specdec.config import EngineConfig, SamplingParams
 from specdec.data import bench_prompts
+from specdec.spec_strings import with_options
 
 
 def main() -> None:
@@ -61,7 +62,7 @@ def main() -> None:
             for tree in trees:
                 tau = {}
                 for mode in modes:  # the same prompts and seeds; tau does not depend on timing
-                    llm.use(f"{drafter}:{mode}", tree)
+                    llm.use(with_options(drafter, mode), tree)
                     outs = llm.generate(prompts, params)
                     tau[mode] = sum(o.metrics.mean_accepted_tokens for o in outs) / len(outs)
                 ratios = [tau[m] / tau[modes[0]] for m in modes[1:]]

@@ -29,3 +29,9 @@ def parse_spec(text: str, what: str) -> tuple[str, dict[str, str]]:
             else:
                 args[""] += "," + item.strip()
     return name.strip().lower(), args
+
+
+def with_options(spec: str, options: str) -> str:
+    """`spec` with comma-separated `key=value` options added: `eagle` + `trees=topk` -> `eagle:trees=topk`,
+    `eagle:/runs/x` + `trees=topk` -> `eagle:/runs/x,trees=topk` (a second ':' would join the path)."""
+    return f"{spec},{options}" if ":" in spec else f"{spec}:{options}"

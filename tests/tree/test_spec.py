@@ -161,3 +161,12 @@ def test_spec_parser_keeps_an_equals_sign_inside_a_path():
 def test_spec_parser_refuses_an_empty_spec():
     with pytest.raises(ConfigError, match="empty tree spec"):
         parse_spec("   ", what="tree")
+
+
+def test_options_join_a_spec_that_has_a_path_with_a_comma():
+    from specdec.spec_strings import with_options
+
+    assert with_options("eagle", "trees=topk") == "eagle:trees=topk"
+    joined = with_options("eagle:/runs/x:y", "trees=topk")
+    assert joined == "eagle:/runs/x:y,trees=topk"
+    assert parse_spec(joined, "drafter") == ("eagle", {"": "/runs/x:y", "trees": "topk"})
