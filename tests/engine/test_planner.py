@@ -216,12 +216,21 @@ def test_drafting_is_skipped_while_it_costs_more_than_it_gains_and_retried():
     assert dear.should_draft(seqs + [pinned])  # a seeded sampled request always gets its drafter's tree
 
 
+def draft_cost_after_a_request(drafter) -> StepCost:
+    """The depth plan's drafting price after one 12-token request on the tiny model with a 3-chain."""
+    from tests.helpers import run_all, tiny_engine, tiny_model
+
+    engine = tiny_engine(tiny_model(seed=3), drafter, chain(3), adaptive_speculation=True)
+    engine.add_request([1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_new_tokens=12, ignore_eos=True))
+    run_all(engine)
+    return engine.planner.draft_cost
+
+
 def test_a_sequences_first_draft_is_not_priced_as_a_drafting_step():
     """A drafter's first proposal for a sequence also takes in its whole prompt (a draft model prefills it): a
     once-per-request cost. Priced per depth it would switch speculation off for EXPLORE_AFTER steps; here the
     request is shorter than that, so a price taken from the slow first call would still stand at the end."""
     from specdec.drafters.ngram import NgramDrafter
-    from tests.helpers import run_all, tiny_engine, tiny_model
 
     class SlowFirstProposal(NgramDrafter):
         def __init__(self) -> None:
@@ -234,10 +243,7 @@ def test_a_sequences_first_draft_is_not_priced_as_a_drafting_step():
                 time.sleep(0.5)
             return super().propose(seqs, spec)
 
-    engine = tiny_engine(tiny_model(seed=3), SlowFirstProposal(), chain(3), adaptive_speculation=True)
-    engine.add_request([1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_new_tokens=12, ignore_eos=True))
-    run_all(engine)
-    cost = engine.planner.draft_cost
+    cost = draft_cost_after_a_request(SlowFirstProposal())
     assert cost.known and cost.predict(1) < 0.1, cost.predict(1)
 
 
@@ -245,17 +251,13 @@ def test_the_depth_plans_drafting_price_includes_the_drafters_reading_of_the_ver
     """Token Recycling reads every verified row's top-k after the step, about as dear as its proposing: the
     depth plan must price that reading as drafting, or it buys trees whose bookkeeping it never pays for."""
     from specdec.drafters.ngram import NgramDrafter
-    from tests.helpers import run_all, tiny_engine, tiny_model
 
     class SlowReading(NgramDrafter):
         def commit(self, seqs, results):
             time.sleep(0.06)
             return super().commit(seqs, results)
 
-    engine = tiny_engine(tiny_model(seed=3), SlowReading(), chain(3), adaptive_speculation=True)
-    engine.add_request([1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_new_tokens=12, ignore_eos=True))
-    run_all(engine)
-    cost = engine.planner.draft_cost
+    cost = draft_cost_after_a_request(SlowReading())
     assert cost.known and cost.predict(1) >= 0.06 / 3, cost.predict(1)  # at least the reading, per depth
 
 
