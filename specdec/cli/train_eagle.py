@@ -63,8 +63,8 @@ def command(kind: str):
                                    new_tokens=new_tokens, steps=steps, batch_size=batch_size, lr=lr,
                                    val_prompts=val_prompts, seed=seed, draft_vocab=draft_vocab, ttt_steps=ttt_steps,
                                    ce_fraction=ce_fraction, ce_weight=ce_weight, vocab=vocab,
-                                   init_from=str(init_from) if init_from else None, teacher_bf16=teacher_bf16, train_bf16=train_bf16,
-                                   unroll=unroll)
+                                   init_from=str(init_from) if init_from else None, teacher_bf16=teacher_bf16,
+                                   train_bf16=train_bf16, unroll=unroll)
             for name in ("max_prompts", "new_tokens", "steps", "batch_size", "val_prompts", "draft_vocab", "ttt_steps",
                          "unroll"):
                 if getattr(cfg, name) < 1:
