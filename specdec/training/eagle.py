@@ -303,7 +303,6 @@ def eagle_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indic
     embeds = target.embed_tokens(ids[:, 1:]).float().reshape(b * t, -1)
     positions = torch.arange(t, device=device).repeat(b)
     attend = DenseAttention(b, t, model.config.layer)
-    h = model.config.hidden_size
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         out = model(embeds, feats.reshape(b * t, -1), positions, attend)
         if model.config.version == 1:
@@ -314,8 +313,7 @@ def eagle_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indic
             # for the pair before it and learn to predict from it (EAGLE-3's training-time test, here on the
             # EAGLE-1/2 predictor, whose targets are unchanged: the next true feature and token distribution).
             for j in range(1, ttt_steps):
-                shifted = torch.cat([torch.zeros_like(out.view(b, t, -1)[:, :1]), out.view(b, t, -1)[:, :-1]], 1)
-                out = model(embeds, shifted.reshape(b * t, -1), positions, attend)
+                out = model(embeds, _fed_back(out, b, t), positions, attend)
                 later = valid & (torch.arange(t, device=device)[None] >= j)
                 step_loss, step_metrics = _eagle1_loss(model, target, data, indices, out.float(), later,
                                                        ce_fraction, ce_weight, head)
@@ -330,9 +328,7 @@ def eagle_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indic
         draft_labels = to_draft[labels.long()]
         for j in range(ttt_steps):
             if j:
-                prev = out.float().view(b, t, h)
-                shifted = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)
-                out = model(embeds, shifted.reshape(b * t, h), positions, attend)
+                out = model(embeds, _fed_back(out.float(), b, t), positions, attend)
             mask = (valid & (draft_labels >= 0) & (torch.arange(t, device=device)[None] >= j)).reshape(-1)
             logits = model.logits(out[mask], target.lm_head)
             target_ids = draft_labels.reshape(-1)[mask]
@@ -343,6 +339,13 @@ def eagle_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indic
             losses.append(loss * STEP_WEIGHT**j)
             metrics[f"top1_{j}"] = float((logits.argmax(-1) == target_ids).float().mean())
     return sum(losses), metrics
+
+
+def _fed_back(out: Tensor, b: int, t: int) -> Tensor:
+    """The next unrolled pass's input features `[B*T, H]`: for each pair, the previous pass's output for the
+    pair before it (zeros for a sequence's first pair), as a deeper draft reads its parent's prediction."""
+    prev = out.view(b, t, -1)
+    return torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1).reshape(b * t, -1)
 
 
 @torch.no_grad()
