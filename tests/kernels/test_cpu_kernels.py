@@ -23,10 +23,11 @@ def test_attention_matches_the_float64_reference(make_case, tree, group, head_di
     torch.testing.assert_close(cpu.paged_attention(*case.args()), expected, atol=2e-6, rtol=2e-6)
 
 
-def _scatter(k: torch.Tensor, v: torch.Tensor, slots: list[int], num_blocks: int, page: int):
-    """A fresh NaN cache holding rows k/v [L, Hkv, D] at `slots`."""
+def _scatter(k: torch.Tensor, v: torch.Tensor, slots: list[int], num_blocks: int, page: int,
+             dtype: torch.dtype = torch.float32):
+    """A fresh NaN cache of `dtype` holding rows k/v [L, Hkv, D] at `slots`."""
     shape = (num_blocks, page, k.shape[1], k.shape[2])
-    k_cache, v_cache = torch.full(shape, float("nan")), torch.full(shape, float("nan"))
+    k_cache, v_cache = torch.full(shape, float("nan"), dtype=dtype), torch.full(shape, float("nan"), dtype=dtype)
     reference.write_kv(k, v, k_cache, v_cache, torch.tensor(slots))
     return k_cache, v_cache
 
@@ -39,13 +40,15 @@ def _attend(attention, q, k_cache, v_cache, tables, prefixes, counts, mask=None)
     return attention(q, k_cache, v_cache, table, torch.tensor(prefixes, dtype=torch.int32), starts, packed, 0.125)
 
 
-def _row_three_ways(attention, seed: int, group: int = 3, prefix: int = 13, page: int = 4):
+def _row_three_ways(attention, seed: int, group: int = 3, prefix: int = 13, page: int = 4,
+                    cache_dtype: torch.dtype = torch.float32):
     """One token's attention output computed (a) as a lone decode, (b) as a decode in a batch beside two other
     sequences, and (c) as node 5 of a 7-node tree whose path to it is root -> 2 -> 5. The kernel scores query
     heads in blocks of up to three (one KV head's queries, rows and heads alike): with `group` query heads per KV
     head other than three, the tree's row 5 falls in blocks of other sizes and offsets than the lone decode's.
     With AVX-512, a prefix of 16 keys or more scores the tree's queries sixteen keys at a time (keys in lanes),
-    and the lone decode's a key at a time."""
+    and the lone decode's a key at a time. With a bfloat16 cache (AMX tiles), node 5's list is not a prefix of
+    the tree's node order, so it takes its own steps past the prefix, where the lone decode shares them."""
     gen = torch.Generator().manual_seed(seed)
     kv_heads, d = 2, 64
     heads = kv_heads * group
@@ -62,7 +65,7 @@ def _row_three_ways(attention, seed: int, group: int = 3, prefix: int = 13, page
     length = prefix + len(path)
     blocks = [7, 2, 9, 4, 0]  # shuffled, not contiguous
     slots = [blocks[p // page] * page + p % page for p in range(length)]
-    k_cache, v_cache = _scatter(seq_keys, seq_values, slots, 12, page)
+    k_cache, v_cache = _scatter(seq_keys, seq_values, slots, 12, page, cache_dtype)
     alone = _attend(attention, queries[5:6], k_cache, v_cache, [blocks], [length - 1], [1])
 
     # (b) the same decode beside two other sequences of other lengths (their rows first and last).
@@ -71,7 +74,8 @@ def _row_three_ways(attention, seed: int, group: int = 3, prefix: int = 13, page
     big_v = torch.cat([seq_values, other_v])
     t1, t3 = [10, 11, 12], [13, 14, 15, 16]  # 9 and 14 (+ 1 new) tokens: different padding for a padded kernel
     other_slots = [t1[p // page] * page + p % page for p in range(10)] + [t3[p // page] * page + p % page for p in range(15)]
-    k_cache, v_cache = _scatter(big_k[: length + 25], big_v[: length + 25], slots + other_slots, 17, page)
+    k_cache, v_cache = _scatter(big_k[: length + 25], big_v[: length + 25], slots + other_slots, 17, page,
+                                cache_dtype)
     q = torch.cat([torch.randn(1, heads, d, generator=gen), queries[5:6], torch.randn(1, heads, d, generator=gen)])
     batched = _attend(attention, q, k_cache, v_cache, [t1, blocks, t3], [9, length - 1, 14], [1, 1, 1])[1:2]
 
@@ -83,7 +87,7 @@ def _row_three_ways(attention, seed: int, group: int = 3, prefix: int = 13, page
         mask[i, i] = True
     tree_blocks = [3, 8, 1, 6, 5]
     tree_slots = [tree_blocks[p // page] * page + p % page for p in range(prefix + n)]
-    k_cache, v_cache = _scatter(keys, values, tree_slots, 12, page)
+    k_cache, v_cache = _scatter(keys, values, tree_slots, 12, page, cache_dtype)
     tree = _attend(attention, queries, k_cache, v_cache, [tree_blocks], [prefix], [n], mask)[5:6]
     return alone, batched, tree
 
@@ -97,6 +101,45 @@ def test_attention_row_is_bit_identical_alone_batched_and_in_a_tree(seed, group,
     assert torch.equal(alone, tree)
     reference_alone = _row_three_ways(reference.paged_attention, seed, group, prefix, page)[0]
     torch.testing.assert_close(alone, reference_alone, atol=2e-6, rtol=2e-6)  # and it is the right answer
+
+
+bf16_attention = pytest.mark.skipif(not (cpu.available() and cpu.bf16_attention()),
+                                    reason="no AMX-BF16 here: a bfloat16 K/V cache takes the torch reference")
+
+
+def _bf16_reference(q, k_cache, v_cache, *rest):
+    """What the tiles compute, up to their rounding of the weights: q rounded as K is, float64 from there."""
+    return reference.paged_attention(q.bfloat16().double(), k_cache.double(), v_cache.double(), *rest).float()
+
+
+@bf16_attention
+@pytest.mark.parametrize("seed,group,prefix,page", [(0, 3, 13, 4), (1, 3, 13, 4), (4, 1, 13, 4), (6, 4, 13, 4),
+                                                     (7, 5, 13, 4), (8, 3, 40, 16), (9, 2, 71, 16),
+                                                     (10, 4, 32, 16), (11, 3, 29, 16), (12, 6, 61, 16)])
+def test_bf16_attention_row_is_bit_identical_alone_batched_and_in_a_tree(seed, group, prefix, page):
+    alone, batched, tree = _row_three_ways(cpu.paged_attention, seed, group, prefix, page, torch.bfloat16)
+    assert torch.equal(alone, batched)
+    assert torch.equal(alone, tree)
+    expected = _row_three_ways(_bf16_reference, seed, group, prefix, page, torch.bfloat16)[0]
+    torch.testing.assert_close(alone, expected, atol=1e-2, rtol=1e-2)  # the weights' rounding, no more
+    assert not torch.equal(alone, expected)  # and the bits are the tiles' own, not the reference's
+
+
+@bf16_attention
+@pytest.mark.parametrize("tree", [None, "chain", "star", "random"])
+@pytest.mark.parametrize("group,head_dim", [(1, 32), (3, 64), (2, 128)])
+def test_bf16_attention_matches_the_reference(make_case, tree, group, head_dim):
+    """Prefill chunks (causal), chains and trees beside each other, over NaN-poisoned unused slots: within the
+    rounding of the weights to bfloat16 (an error of a few 1e-3 on outputs of order 1)."""
+    case = make_case(70 + group, [0, 11, 40, 75], [5, 9, 1, 20], kv_heads=2, group=group, head_dim=head_dim, page=4,
+                     tree=tree, strided_q=tree == "random")
+    k_cache, v_cache = case.k_cache.bfloat16(), case.v_cache.bfloat16()
+    args = (case.q, k_cache, v_cache, *case.args()[3:])
+    got = cpu.paged_attention(*args)
+    torch.testing.assert_close(got, _bf16_reference(*args), atol=1e-2, rtol=1e-2)
+    fp32 = reference.paged_attention(case.q.double(), case.k_cache.double(), case.v_cache.double(),
+                                     *case.args()[3:]).float()
+    assert (got - fp32).abs().max() > 1e-4  # it did round: this is not the float32 kernel under another name
 
 
 def test_the_float32_reference_is_not_batch_invariant_so_the_test_above_can_fail():
@@ -169,6 +212,23 @@ def test_rope_kv_matches_reference(scaled, biased):
     torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-6)
     torch.testing.assert_close(caches[0], caches[2], atol=2e-6, rtol=2e-6)
     assert torch.equal(caches[1], caches[3])  # v is copied, not computed
+
+
+def test_rope_kv_into_a_bfloat16_cache_writes_the_float32_rows_rounded():
+    """torch's rounding (to nearest even) of what the float32 cache gets, ties and specials included."""
+    gen = torch.Generator().manual_seed(5)
+    q_heads, kv_heads, d, rows = 3, 1, 32, 4
+    qkv = torch.randn(rows, (q_heads + 2 * kv_heads) * d, generator=gen)
+    qkv[0, -4:] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, float("inf"), -0.0])  # v: ties both ways, inf, -0
+    cos, sin = torch.ones(10, d), torch.zeros(10, d)
+    positions, slots = torch.tensor([1, 2, 3, 4]), torch.tensor([3, 0, 6, 5])
+    k32, v32 = torch.zeros(2, 4, kv_heads, d), torch.zeros(2, 4, kv_heads, d)
+    k16, v16 = torch.zeros(2, 4, kv_heads, d, dtype=torch.bfloat16), torch.zeros(2, 4, kv_heads, d, dtype=torch.bfloat16)
+    q32 = cpu.rope_kv(qkv, None, None, positions, cos, sin, k32, v32, slots, q_heads, kv_heads)
+    q16 = cpu.rope_kv(qkv, None, None, positions, cos, sin, k16, v16, slots, q_heads, kv_heads)
+    assert torch.equal(q16, q32)  # q stays float32
+    assert torch.equal(k16.view(torch.int16), k32.bfloat16().view(torch.int16))
+    assert torch.equal(v16.view(torch.int16), v32.bfloat16().view(torch.int16))
 
 
 # ---- int8 / int4 linears ---------------------------------------------------------------------------------

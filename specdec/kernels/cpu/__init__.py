@@ -29,14 +29,14 @@ from torch import Tensor
 
 from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: one torch op each already
 
-__all__ = ["argmax_rows", "available", "copy_kv_layers", "copy_kv_slots", "decode_attention", "decode_layers",
+__all__ = ["argmax_rows", "available", "bf16_attention", "copy_kv_layers", "copy_kv_slots", "decode_attention", "decode_layers",
            "flat_verified_rows", "isa",
            "linear_q4", "linear_q8", "paged_attention", "quantize", "recycle_best_first", "recycle_expand",
            "recycle_write", "rms_norm",
            "rope_kv", "silu_mul", "top_k_probs", "write_kv"]
-SOURCES = ("attention.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp", "logit_rows.cpp", "qlinear.cpp",
+SOURCES = ("attention.cpp", "attention_amx.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp", "logit_rows.cpp", "qlinear.cpp",
            "qlinear_amx.cpp", "qlinear_vnni.cpp", "recycle_matrix.cpp")
-HEADERS = ("attention_rows.h", "isa.h", "ops.h", "qlinear_amx.h", "qlinear_vnni.h", "vec.h", "vec16.h")
+HEADERS = ("amx_tiles.h", "attention_amx.h", "attention_rows.h", "isa.h", "ops.h", "qlinear_amx.h", "qlinear_vnni.h", "vec.h", "vec16.h")
 _HERE = Path(__file__).resolve().parent
 
 
@@ -171,6 +171,13 @@ def isa(request: str = "") -> str:
     if not available():
         return "none"
     return torch.ops.specdec_cpu.isa(request)
+
+
+def bf16_attention() -> bool:
+    """Whether the kernels take a bfloat16 K/V cache (attention_amx.cpp): AMX-BF16 at the "amx" level. There a
+    tree's verified rows cost attention next to nothing (tiles of 16 query heads) and the cache's traffic
+    halves; elsewhere a bfloat16 cache runs the torch reference."""
+    return available() and isa() == "amx" and bool(torch.ops.specdec_cpu.bf16_attention())
 
 
 def flat_verified_rows() -> bool:

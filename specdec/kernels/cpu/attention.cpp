@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "attention_amx.h"
 #include "isa.h"
 #include "ops.h"
 #include "vec.h"
@@ -120,9 +121,14 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                            const at::Tensor& query_start_loc, const c10::optional<at::Tensor>& tree_mask,
                            double scale) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be [T, Hq, D] float32");
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
-                  v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == at::kFloat && v_cache.is_contiguous(),
-              "caches must be [blocks, block_size, kv_heads, D] float32, contiguous");
+  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(k_cache.dim() == 4 && (bf16 || k_cache.scalar_type() == at::kFloat) && k_cache.is_contiguous() &&
+                  v_cache.sizes() == k_cache.sizes() && v_cache.scalar_type() == k_cache.scalar_type() &&
+                  v_cache.is_contiguous(),
+              "caches must be [blocks, block_size, kv_heads, D] float32 or bfloat16, contiguous");
+  TORCH_CHECK(!bf16 || (isa::bf16_attention() && q.size(2) % 32 == 0),
+              "a bfloat16 K/V cache needs AMX-BF16 (specdec.kernels.cpu.bf16_attention()) and a head size divisible "
+              "by 32");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && prefix_lens.scalar_type() == at::kInt &&
                   query_start_loc.scalar_type() == at::kInt,
               "block tables, prefix lengths and query starts must be int32");
@@ -161,8 +167,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
 
   at::Tensor out = at::empty_like(q);
   const float* qp = q.data_ptr<float>();
-  const float* kp = k_cache.data_ptr<float>();
-  const float* vp = v_cache.data_ptr<float>();
+  const float* kp = bf16 ? nullptr : k_cache.data_ptr<float>();
+  const float* vp = bf16 ? nullptr : v_cache.data_ptr<float>();
+  const uint16_t* kh = bf16 ? reinterpret_cast<const uint16_t*>(k_cache.data_ptr<at::BFloat16>()) : nullptr;
+  const uint16_t* vh = bf16 ? reinterpret_cast<const uint16_t*>(v_cache.data_ptr<at::BFloat16>()) : nullptr;
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
   const int64_t num_tasks = static_cast<int64_t>(task_seq.size()) * kv_heads;
@@ -190,6 +198,17 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
       auto visible = [&](int64_t t, int64_t j) {
         return mask_words ? static_cast<bool>((mask_words[t * mask_width + j / 32] >> (j % 32)) & 1) : (j <= t - first);
       };
+      if (bf16) {  // the tiles' kernel takes each row's visible new keys as a list of indices
+        const int64_t rows = r1 - r0;
+        s.visible.resize(rows * std::max<int64_t>(n_new, 1));
+        s.count.assign(rows, 0);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t j = 0; j < n_new; ++j)
+            if (visible(r0 + r, j)) s.visible[r * n_new + s.count[r]++] = j;
+        amx_attention::attend_rows(qp, op, r0, rows, q_heads, h, group, kh, vh, s.prefix.data(), p, new_keys.data(),
+                                   n_new, s.visible.data(), s.count.data(), d, sc);
+        continue;
+      }
 #if defined(SPECDEC_WIDE_ATTENTION)
       if (wide) {
         wide::attend_rows(qp, op, r0, r1, q_heads, h, group, kp, vp, new_keys.data(), n_new, d, sc, s, visible);

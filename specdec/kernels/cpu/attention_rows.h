@@ -108,6 +108,8 @@ inline void scores8(const float* const* q, const float* k_base, const int64_t* k
 }
 
 #if SPECDEC_ATTN_WIDE
+#include "vec16.h"
+
 // Keys in lanes: one query's scores against sixteen keys, from kt [d, 16] (the keys transposed), with scores8's
 // arithmetic per key, so the same bits: acc[l] holds, for every key at once, what lane l of scores8's
 // accumulator holds for one (dimensions l, l + 16, l + 32, ... in order); lanes l and l + 8 fold, then the
@@ -131,38 +133,15 @@ inline void scores16(const float* q, const float* kt, int64_t d, float scale, fl
 }
 
 // kt [d, 16] := the sixteen keys at k_base + keys[0 .. 16), transposed (d a multiple of 16): sixteen
-// dimensions at a time, a 16 x 16 block in registers (interleave pairs of floats, then of pairs, then of
-// 128-bit quarters, twice).
+// dimensions at a time, a 16 x 16 block in registers (vec16.h).
 inline void transpose16(const float* k_base, const int64_t* keys, int64_t d, float* kt) {
   for (int64_t i = 0; i < d; i += 16) {
-    __m512 r[16], t[16];
+    __m512 r[16];
 #pragma GCC unroll 16
     for (int k = 0; k < 16; ++k) r[k] = _mm512_loadu_ps(k_base + keys[k] + i);
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k) {
-      t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-      t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-    }
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; ++k) {
-      const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 1]);
-      const __m512d c = _mm512_castps_pd(t[4 * k + 2]), e = _mm512_castps_pd(t[4 * k + 3]);
-      r[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-      r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-      r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
-      r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
-    }
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k) {
-      const int h = k / 4 * 8 + k % 4;
-      t[h] = _mm512_shuffle_f32x4(r[h], r[h + 4], 0x88);
-      t[h + 4] = _mm512_shuffle_f32x4(r[h], r[h + 4], 0xdd);
-    }
-#pragma GCC unroll 8
-    for (int k = 0; k < 8; ++k) {
-      _mm512_storeu_ps(kt + (i + k) * 16, _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88));
-      _mm512_storeu_ps(kt + (i + k + 8) * 16, _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd));
-    }
+    transpose16x16(r);
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; ++k) _mm512_storeu_ps(kt + (i + k) * 16, r[k]);
   }
 }
 
@@ -238,10 +217,6 @@ inline void by_block(int64_t count, Fn fn) {
   if (kQueryBlock >= 2 && count == 2) return fn(std::integral_constant<int, 2>{});
   fn(std::integral_constant<int, 1>{});
 }
-
-#if SPECDEC_ATTN_WIDE
-#include "vec16.h"
-#endif
 
 // In place over p[0 .. n) (p padded to a multiple of 8): exp(p - max), zero past n; returns the sum.
 inline float softmax_numerators(float* p, int64_t n) {

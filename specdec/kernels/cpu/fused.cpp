@@ -15,6 +15,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "isa.h"
@@ -285,6 +286,14 @@ std::vector<at::Tensor> quantize(const at::Tensor& x, int64_t mode) {
   return out.tensors;
 }
 
+// A float's bfloat16 bits, rounded to nearest even (torch's rounding; NaN stays NaN).
+inline uint16_t to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
 // Rotate one head vector (rotate-half layout: pairs (i, i + D/2)) by cos/sin rows into dst.
 inline void rotate(const float* x, const float* c, const float* s, int64_t d, float* dst) {
   const int64_t half = d / 2;
@@ -300,9 +309,10 @@ at::Tensor rope_kv(const at::Tensor& qkv, const c10::optional<at::Tensor>& scale
   const int64_t rows = qkv.size(0), width = qkv.size(1);
   const int64_t d = k_cache.size(3);
   TORCH_CHECK(width == (q_heads + 2 * kv_heads) * d && d % 2 == 0, "qkv width does not match the heads");
-  TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat && k_cache.is_contiguous() &&
-                  v_cache.is_contiguous() && k_cache.size(2) == kv_heads,
-              "caches must be float32 [blocks, block_size, kv_heads, D], contiguous");
+  const bool bf16 = k_cache.scalar_type() == at::kBFloat16;
+  TORCH_CHECK((bf16 || k_cache.scalar_type() == at::kFloat) && v_cache.scalar_type() == k_cache.scalar_type() &&
+                  k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.size(2) == kv_heads,
+              "caches must be float32 or bfloat16 [blocks, block_size, kv_heads, D], contiguous");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && cos.is_contiguous() && sin.is_contiguous() && cos.size(1) == d,
               "cos/sin must be [positions, D] float32");
   TORCH_CHECK(positions.scalar_type() == at::kLong && slot_mapping.scalar_type() == at::kLong &&
@@ -327,10 +337,12 @@ at::Tensor rope_kv(const at::Tensor& qkv, const c10::optional<at::Tensor>& scale
   const float* cp = cos.data_ptr<float>();
   const float* snp = sin.data_ptr<float>();
   float* qp = q.data_ptr<float>();
-  float* kc = k_cache.data_ptr<float>();
-  float* vc = v_cache.data_ptr<float>();
+  float* kc = bf16 ? nullptr : k_cache.data_ptr<float>();
+  float* vc = bf16 ? nullptr : v_cache.data_ptr<float>();
+  uint16_t* kh = bf16 ? reinterpret_cast<uint16_t*>(k_cache.data_ptr<at::BFloat16>()) : nullptr;
+  uint16_t* vh = bf16 ? reinterpret_cast<uint16_t*>(v_cache.data_ptr<at::BFloat16>()) : nullptr;
   at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<float> y(width);
+    std::vector<float> y(width), kv(kv_heads * d);
     for (int64_t r = begin; r < end; ++r) {
       const float* x = xp + r * width;
       for (int64_t i = 0; i < width; ++i) {
@@ -340,10 +352,19 @@ at::Tensor rope_kv(const at::Tensor& qkv, const c10::optional<at::Tensor>& scale
       const float* c = cp + pp[r] * d;
       const float* sn = snp + pp[r] * d;
       for (int64_t h = 0; h < q_heads; ++h) rotate(y.data() + h * d, c, sn, d, qp + (r * q_heads + h) * d);
+      const float* v = y.data() + (q_heads + kv_heads) * d;
+      if (bf16) {  // a bfloat16 cache: the rotated k and v rounded to nearest even
+        for (int64_t h = 0; h < kv_heads; ++h) rotate(y.data() + (q_heads + h) * d, c, sn, d, kv.data() + h * d);
+        for (int64_t i = 0; i < kv_heads * d; ++i) {
+          kh[sl[r] * kv_heads * d + i] = to_bf16(kv[i]);
+          vh[sl[r] * kv_heads * d + i] = to_bf16(v[i]);
+        }
+        continue;
+      }
       float* kd = kc + sl[r] * kv_heads * d;
       float* vd = vc + sl[r] * kv_heads * d;
       for (int64_t h = 0; h < kv_heads; ++h) rotate(y.data() + (q_heads + h) * d, c, sn, d, kd + h * d);
-      std::memcpy(vd, y.data() + (q_heads + kv_heads) * d, kv_heads * d * sizeof(float));
+      std::memcpy(vd, v, kv_heads * d * sizeof(float));
     }
   });
   return q;

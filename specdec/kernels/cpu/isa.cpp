@@ -67,6 +67,21 @@ bool amx_supported() {
 #endif
 }
 
+bool amx_bf16_supported() {
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__) && defined(__linux__)
+  static const bool ok = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!amx_supported() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) || !(edx & (1u << 22))) return false;
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5));  // AVX512-BF16
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+bool bf16_attention() { return amx() && amx_bf16_supported(); }
+
 bool avx512() { return current() >= kAvx512; }
 
 bool amx() { return current() == kAmx; }
@@ -91,4 +106,7 @@ std::string isa_op(const std::string& request) {
 }  // namespace isa
 }  // namespace specdec
 
-TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) { m.def("isa(str request) -> str", &specdec::isa::isa_op); }
+TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {
+  m.def("isa(str request) -> str", &specdec::isa::isa_op);
+  m.def("bf16_attention() -> bool", &specdec::isa::bf16_attention);
+}

@@ -13,6 +13,10 @@ namespace isa {
 bool avx512_supported();
 // AMX-INT8 on this CPU, and the kernel's permission for this process to use the tile data (asked once).
 bool amx_supported();
+// AMX-BF16 and AVX512-BF16 on this CPU, with the OS's leave for the tiles.
+bool amx_bf16_supported();
+// Whether attention over a bfloat16 K/V cache can run (attention_amx.cpp): the amx level, and AMX-BF16.
+bool bf16_attention();
 // Whether the AVX-512 paths run now (true at the amx level too): supported, unless SPECDEC_CPU_ISA=avx2 or a
 // request chose avx2.
 bool avx512();

@@ -26,6 +26,7 @@
 #if defined(SPECDEC_AMX)
 #pragma GCC push_options
 #pragma GCC target("amx-tile,amx-int8,avx512f,avx512bw,avx512dq,avx512vl")
+#include "amx_tiles.h"
 
 namespace specdec {
 namespace amx {
@@ -41,22 +42,7 @@ namespace {
 // than 8 or 16, at 1-8 rows (bench/int8_rows.py, rebuilt for each distance).
 constexpr int64_t kAhead = 2;
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
-void configure() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = kBlock;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
+using amx_tiles::configure;
 
 // dots [m, 16] of one block row -> y, the VNNI tile's float steps, sixteen channels at once where all are real.
 void finish(const int32_t* dots, int64_t m, const float* s, const float* ws, const float* b, int64_t c0, int64_t n,

@@ -25,3 +25,34 @@ inline __m512 vexp16(__m512 x) {
   const __m512 out = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(y), _mm512_slli_epi32(ni, 23)));
   return _mm512_mask_blend_ps(underflow, out, _mm512_setzero_ps());
 }
+
+// r[0 .. 16) := its transpose, as a 16 x 16 matrix of 32-bit elements (floats, or pairs of bfloat16): interleave
+// pairs of elements, then pairs of pairs, then 128-bit quarters, twice. Moves bits only.
+inline void transpose16x16(__m512 (&r)[16]) {
+  __m512 t[16];
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; ++k) {
+    const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * k + 2]), e = _mm512_castps_pd(t[4 * k + 3]);
+    r[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, e));
+    r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, e));
+  }
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    const int h = k / 4 * 8 + k % 4;
+    t[h] = _mm512_shuffle_f32x4(r[h], r[h + 4], 0x88);
+    t[h + 4] = _mm512_shuffle_f32x4(r[h], r[h + 4], 0xdd);
+  }
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
+    r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
+  }
+}

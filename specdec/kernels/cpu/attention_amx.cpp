@@ -1,0 +1,284 @@
+// Attention over a bfloat16 K/V cache on AMX tiles: what makes a verified tree row cost attention next to
+// nothing on CPUs that have them (Sapphire Rapids and later).
+//
+// Why: the float32 kernel (attention_rows.h) spends two multiply-adds per (query, key, dimension), so each
+// row of a tree pays its whole attention again: at 256 keys, 7 rows of SmolLM2-135M cost 2.7 ms a step
+// against 1.2 for one row (bench/attention_rows.py). One tdpbf16ps multiplies a 16 x 32 tile of queries (or
+// probabilities) by a 32 x 16 tile of keys (or values): 8,192 products for the price of a few vector
+// instructions, so up to 16 query heads cost what one does and the K/V traffic is halved besides.
+//
+// The arithmetic, per (query, key): q rounded to bfloat16 (K is stored so), scores = the tile dot over the head
+// dimension, times `scale` in float32; per query over its own key list (the committed prefix, then its visible
+// new keys in node order): max, exp(score - max) in float32 (vexp16), rounded to bfloat16, and the
+// denominator summed from the rounded values; out = (the tile dot of those weights with V over the list, 32
+// list entries a step) / denominator. The list entry i of a query sits at step i / 32 and lane i % 32 however
+// the query is batched, so its row of every tile product sees the same operands in the same order, and a
+// tile product's row depends on nothing but its own operands: a row's output is the same bits alone, in a
+// batch, as a tree node or as a prefill row, the contract of the float32 kernel (tests/kernels/
+// test_cpu_kernels.py holds this one to it). Entries past a list's end have weight 0; adding a zero product
+// leaves a sum unchanged (short of float32 denormals, which attention weights times values do not produce).
+//
+// How the list is walked: a row whose visible new keys are the first m in node order (a decode row, a chain's
+// nodes, prefill rows) has a list that is a prefix of one shared list, the committed keys then every new key
+// in node order, and shares that list's V tiles and tile products with the other such rows of its block. The
+// other rows (tree nodes off the first path) share the steps that hold only committed keys, then take their own
+// steps over their own lists.
+#include "attention_amx.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__) && defined(__linux__)
+#define SPECDEC_AMX_ATTENTION 1
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#if defined(SPECDEC_AMX_ATTENTION)
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")
+#include "amx_tiles.h"
+
+namespace specdec {
+namespace amx_attention {
+namespace {
+
+#include "vec16.h"
+
+constexpr int64_t kT = 16;     // tile rows: queries a block, keys a score tile, dimensions an output tile
+constexpr int64_t kStep = 32;  // list entries (or head dimensions) one tile product sums over
+constexpr int64_t kHeld = 4;   // output tiles held at once (tmm0 .. tmm3): 64 dimensions a pass
+
+// Tiles (amx_tiles.h): tmm0 .. tmm3 accumulate (scores of four blocks of 16 keys; outputs of four blocks of 16
+// dimensions), tmm4 takes the left operand (queries, weights) and tmm6 / tmm7 the right one (keys, values).
+using amx_tiles::configure;
+
+// tmm(t) += tmm4 * the right operand at `right` (64-byte rows), for an output tile chosen at run time (tile
+// numbers are immediates); even tiles take it through tmm6, odd ones through tmm7, so that loading the next
+// operand need not wait for the last product to have read its register.
+inline void product(int t, const void* right) {
+  switch (t) {
+    case 0: _tile_loadd(6, right, 64); _tile_dpbf16ps(0, 4, 6); break;
+    case 1: _tile_loadd(7, right, 64); _tile_dpbf16ps(1, 4, 7); break;
+    case 2: _tile_loadd(6, right, 64); _tile_dpbf16ps(2, 4, 6); break;
+    default: _tile_loadd(7, right, 64); _tile_dpbf16ps(3, 4, 7); break;
+  }
+}
+
+inline void zero(int t) {
+  switch (t) {
+    case 0: _tile_zero(0); break;
+    case 1: _tile_zero(1); break;
+    case 2: _tile_zero(2); break;
+    default: _tile_zero(3); break;
+  }
+}
+
+inline void store(int t, float* dst, int64_t stride) {
+  switch (t) {
+    case 0: _tile_stored(0, dst, stride); break;
+    case 1: _tile_stored(1, dst, stride); break;
+    case 2: _tile_stored(2, dst, stride); break;
+    default: _tile_stored(3, dst, stride); break;
+  }
+}
+
+// Sixteen floats rounded to bfloat16 (round to nearest even), into dst.
+inline void to_bf16(const float* src, uint16_t* dst) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src)));
+}
+
+struct Scratch {
+  std::vector<uint16_t> q;      // [queries padded to 16, D] bfloat16
+  std::vector<uint32_t> kt;     // per 16 keys and 32 dimensions: the tile [16 dimension pairs, 16 keys]
+  std::vector<float> scores;    // [queries padded, width]
+  std::vector<uint16_t> w;      // [queries padded, width] bfloat16 weights
+  std::vector<float> total;     // [queries]
+  std::vector<uint16_t> vt;     // per step of the shared list: D / 16 tiles [16 key pairs, 16 dimensions x 2]
+  std::vector<uint16_t> own;    // one step of one row's own list, as vt
+  std::vector<int64_t> keys;    // the shared list's element offsets
+  std::vector<int64_t> list;    // one row's list
+  std::vector<char> shared;     // per row: its list is a prefix of the shared one
+  std::vector<float> acc;       // [16, D] float32
+  alignas(64) uint16_t a[kT * kStep];  // a left operand with some rows zeroed
+};
+
+// V tiles of one step: entries `list[0 .. n)` (element offsets, n <= 32; the rest zero) -> D / 16 tiles, tile b
+// row i = dimensions 16b .. 16b + 15 of entries 2i and 2i + 1, interleaved (the pair layout of tdpbf16ps).
+void pack_values(const uint16_t* v_base, const int64_t* list, int64_t n, int64_t d, uint16_t* out) {
+  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
+                                      36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int64_t i = 0; i < kStep / 2; ++i) {
+    const uint16_t* x = 2 * i < n ? v_base + list[2 * i] : nullptr;
+    const uint16_t* y = 2 * i + 1 < n ? v_base + list[2 * i + 1] : nullptr;
+    for (int64_t c = 0; c < d; c += kStep) {
+      const __m512i a = x ? _mm512_loadu_si512(x + c) : _mm512_setzero_si512();
+      const __m512i b = y ? _mm512_loadu_si512(y + c) : _mm512_setzero_si512();
+      _mm512_storeu_si512(out + (c / kT) * kT * kStep + i * kStep, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_storeu_si512(out + (c / kT + 1) * kT * kStep + i * kStep, _mm512_permutex2var_epi16(a, hi, b));
+    }
+  }
+}
+
+}  // namespace
+
+void attend_rows(const float* q, float* out, int64_t r0, int64_t rows, int64_t q_heads, int64_t h, int64_t group,
+                 const uint16_t* k_base, const uint16_t* v_base, const int64_t* prefix, int64_t p,
+                 const int64_t* new_keys, int64_t n_new, const int64_t* visible, const int64_t* count, int64_t d,
+                 float scale) {
+  thread_local Scratch s;
+  const int64_t nq = rows * group, blocks = (nq + kT - 1) / kT, nqp = blocks * kT;
+  const int64_t n = p + n_new, width = (n + kStep - 1) / kStep * kStep, steps = width / kStep;
+  const int64_t ksteps = d / kStep, vtiles = d / kT;
+  s.keys.resize(width);
+  std::copy(prefix, prefix + p, s.keys.begin());
+  std::copy(new_keys, new_keys + n_new, s.keys.begin() + p);
+  // Which rows' lists are a prefix of the shared one (visible = the first count[r] new keys).
+  s.shared.assign(rows, 1);
+  bool all_shared = true;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < count[r] && s.shared[r]; ++c) s.shared[r] = visible[r * n_new + c] == c;
+    all_shared = all_shared && s.shared[r];
+  }
+  auto query = [&](int64_t qi) { return q + ((r0 + qi / group) * q_heads + h * group + qi % group) * d; };
+  configure();
+
+  // Queries in bfloat16, padded with zero rows.
+  s.q.assign(nqp * d, 0);
+  for (int64_t qi = 0; qi < nq; ++qi)
+    for (int64_t i = 0; i < d; i += kT) to_bf16(query(qi) + i, s.q.data() + qi * d + i);
+  // Keys as right operands: per block of 16 keys and 32 dimensions, the 16 x 16 matrix of (key, dimension
+  // pair) transposed. Past the last key: zeros.
+  const int64_t key_blocks = width / kT;
+  s.kt.resize(key_blocks * ksteps * kT * kT);
+  for (int64_t kb = 0; kb < key_blocks; ++kb)
+    for (int64_t ks = 0; ks < ksteps; ++ks) {
+      __m512 r[16];
+      for (int64_t t = 0; t < kT; ++t) {
+        const int64_t j = kb * kT + t;
+        r[t] = j < n ? _mm512_loadu_ps(reinterpret_cast<const float*>(k_base + s.keys[j] + ks * kStep))
+                     : _mm512_setzero_ps();
+      }
+      transpose16x16(r);
+      float* dst = reinterpret_cast<float*>(s.kt.data() + (kb * ksteps + ks) * kT * kT);
+      for (int t = 0; t < 16; ++t) _mm512_storeu_ps(dst + t * kT, r[t]);
+    }
+  // Scores of every query against every key, 16 x 16 at a time, four key blocks in flight (a tile product's
+  // latency is several times its issue interval) with the right operands alternating between tmm6 and tmm7.
+  s.scores.resize(nqp * width);
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t kb0 = 0; kb0 < key_blocks; kb0 += kHeld) {
+      const int64_t held = std::min(kHeld, key_blocks - kb0);
+      for (int64_t t = 0; t < held; ++t) zero(static_cast<int>(t));
+      for (int64_t ks = 0; ks < ksteps; ++ks) {
+        _tile_loadd(4, s.q.data() + b * kT * d + ks * kStep, d * 2);
+        for (int64_t t = 0; t < held; ++t) product(static_cast<int>(t), s.kt.data() + ((kb0 + t) * ksteps + ks) * kT * kT);
+      }
+      for (int64_t t = 0; t < held; ++t)
+        store(static_cast<int>(t), s.scores.data() + b * kT * width + (kb0 + t) * kT, width * 4);
+    }
+  // Per query, its list: the prefix, then its visible new keys moved up behind it; weights and denominator.
+  s.w.assign(nqp * width, 0);
+  s.total.resize(nq);
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    const int64_t r = qi / group, m = count[r], len = p + m;
+    float* x = s.scores.data() + qi * width;
+    if (!s.shared[r])
+      for (int64_t c = 0; c < m; ++c) x[p + c] = x[p + visible[r * n_new + c]];
+    const __m512 sc = _mm512_set1_ps(scale);
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < len; j += kT) {
+      const __mmask16 live = len - j >= kT ? 0xFFFF : static_cast<__mmask16>((1u << (len - j)) - 1);
+      const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + j), sc);
+      _mm512_storeu_ps(x + j, v);
+      mx = _mm512_mask_max_ps(mx, live, mx, v);
+    }
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    uint16_t* wq = s.w.data() + qi * width;
+    for (int64_t j = 0; j < len; j += kT) {
+      const __mmask16 live = len - j >= kT ? 0xFFFF : static_cast<__mmask16>((1u << (len - j)) - 1);
+      const __m512 e = _mm512_maskz_mov_ps(live, vexp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), top)));
+      const __m256bh e16 = _mm512_cvtneps_pbh(e);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + j), (__m256i)e16);
+      sum = _mm512_add_ps(sum, _mm512_cvtpbh_ps(e16));  // the denominator of the weights as rounded
+    }
+    s.total[qi] = _mm512_reduce_add_ps(sum);
+  }
+  // Values of the shared list, step by step.
+  s.vt.resize(steps * vtiles * kT * kStep);
+  for (int64_t st = 0; st < steps; ++st)
+    pack_values(v_base, s.keys.data() + st * kStep, std::min<int64_t>(kStep, n - st * kStep), d,
+                s.vt.data() + st * vtiles * kT * kStep);
+  const int64_t full = p / kStep;  // steps that hold committed keys only: every list has them
+  s.acc.resize(kT * d);
+  s.own.resize(vtiles * kT * kStep);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t q0 = b * kT, q1 = std::min(nq, q0 + kT);
+    const int64_t first_row = q0 / group, last_row = (q1 - 1) / group;
+    // The steps past the committed-only ones, for the rows whose lists are shared: the block's weights with the
+    // other rows zeroed (their own lists follow).
+    int64_t shared_steps = full;
+    for (int64_t r = first_row; r <= last_row; ++r)
+      if (s.shared[r]) shared_steps = std::max(shared_steps, (p + count[r] + kStep - 1) / kStep);
+    for (int64_t t0 = 0; t0 < vtiles; t0 += kHeld) {
+      const int64_t held = std::min(kHeld, vtiles - t0);
+      for (int64_t t = 0; t < held; ++t) zero(static_cast<int>(t));
+      for (int64_t st = 0; st < shared_steps; ++st) {
+        if (st < full || all_shared) {
+          _tile_loadd(4, s.w.data() + q0 * width + st * kStep, width * 2);
+        } else {
+          std::memset(s.a, 0, sizeof(s.a));
+          for (int64_t qi = q0; qi < q1; ++qi)
+            if (s.shared[qi / group]) std::memcpy(s.a + (qi - q0) * kStep, s.w.data() + qi * width + st * kStep, 64);
+          _tile_loadd(4, s.a, 64);
+        }
+        for (int64_t t = 0; t < held; ++t)
+          product(static_cast<int>(t), s.vt.data() + (st * vtiles + t0 + t) * kT * kStep);
+      }
+      // Rows with their own lists: their steps from the first that holds a new key.
+      for (int64_t r = first_row; r <= last_row && !all_shared; ++r) {
+        if (s.shared[r]) continue;
+        const int64_t len = p + count[r];
+        s.list.resize(len);
+        std::copy(prefix, prefix + p, s.list.begin());
+        for (int64_t c = 0; c < count[r]; ++c) s.list[p + c] = new_keys[visible[r * n_new + c]];
+        for (int64_t st = full; st * kStep < len; ++st) {
+          pack_values(v_base, s.list.data() + st * kStep, std::min<int64_t>(kStep, len - st * kStep), d,
+                      s.own.data());
+          std::memset(s.a, 0, sizeof(s.a));
+          for (int64_t qi = std::max(q0, r * group); qi < std::min(q1, (r + 1) * group); ++qi)
+            std::memcpy(s.a + (qi - q0) * kStep, s.w.data() + qi * width + st * kStep, 64);
+          _tile_loadd(4, s.a, 64);
+          for (int64_t t = 0; t < held; ++t) product(static_cast<int>(t), s.own.data() + (t0 + t) * kT * kStep);
+        }
+      }
+      for (int64_t t = 0; t < held; ++t) store(static_cast<int>(t), s.acc.data() + (t0 + t) * kT, d * 4);
+    }
+    for (int64_t qi = q0; qi < q1; ++qi) {
+      const __m512 inv = _mm512_set1_ps(s.total[qi]);
+      float* o = out + ((r0 + qi / group) * q_heads + h * group + qi % group) * d;
+      for (int64_t i = 0; i < d; i += kT)
+        _mm512_storeu_ps(o + i, _mm512_div_ps(_mm512_loadu_ps(s.acc.data() + (qi - q0) * d + i), inv));
+    }
+  }
+  _tile_release();
+}
+
+}  // namespace amx_attention
+}  // namespace specdec
+
+#pragma GCC pop_options
+
+#else  // no AMX build: never active, never called
+
+namespace specdec {
+namespace amx_attention {
+void attend_rows(const float*, float*, int64_t, int64_t, int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*,
+                 const int64_t*, int64_t, const int64_t*, int64_t, const int64_t*, const int64_t*, int64_t, float) {}
+}  // namespace amx_attention
+}  // namespace specdec
+
+#endif
