@@ -25,7 +25,7 @@ from specdec.engine.sequence import Sequence
 from specdec.sampling.seeds import per_sample
 from specdec.tree.spec import TreeSpec, parse_tree_spec
 from specdec.validation import (
-    check_drafter_and_tree, check_kv_cache_fits, check_llm_args, check_messages, check_quantize, check_text,
+    check_drafter_and_tree, check_kv_cache_dtype, check_kv_cache_fits, check_llm_args, check_messages, check_quantize, check_text,
     check_token_ids, check_tree_size, params_list, prompt_kind, prompts_list,
 )
 
@@ -124,6 +124,7 @@ class LLM:
         """
         check_drafter_and_tree(drafter, tree, self.engine_config, self.quantize)
         model = self.loaded.model
+        check_kv_cache_dtype(model, self.engine_config)
         check_kv_cache_fits(model, self.engine_config)
         # int4 and int7 targets get int8 drafts (a drafter runs few rows, where int7 gains nothing)
         drafts = "int8" if self.quantize in ("int4", "int7") else self.quantize

@@ -110,6 +110,9 @@ class SamplingParams:
         return dict(self.logit_bias)
 
 
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How big the engine is. Defaults suit one CPU user; servers raise `max_num_seqs` and the KV budget."""
@@ -132,6 +135,11 @@ class EngineConfig:
     acceptance: str = "lossless"
     typical_threshold: float = 0.09  # epsilon: accept if p(token) > min(epsilon, delta * exp(-entropy))
     typical_alpha: float = 0.3  # delta
+    # The target's K/V cache precision: "auto" (the model's own: float32 for a CPU float32 or int8 model) or
+    # "bfloat16" (half the cache memory and traffic; on CPU, attention on AMX tiles, where a tree's extra rows
+    # cost attention next to nothing; it needs AMX-BF16 there). Greedy speculative output still equals plain
+    # output at either precision: only the model's numbers change, as with any precision choice.
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "max_tree_nodes",
@@ -150,6 +158,9 @@ class EngineConfig:
                f"typical_threshold must be a number in [0, 1], got {self.typical_threshold!r}", "typical_threshold")
         _check(_is_number(self.typical_alpha) and self.typical_alpha >= 0,
                f"typical_alpha must be a number >= 0, got {self.typical_alpha!r}", "typical_alpha")
+        _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
+               f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}",
+               "kv_cache_dtype")
         _check(self.max_tree_nodes <= self.max_num_batched_tokens,
                f"max_tree_nodes ({self.max_tree_nodes}) cannot exceed max_num_batched_tokens "
                f"({self.max_num_batched_tokens})", "max_tree_nodes")

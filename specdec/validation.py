@@ -189,13 +189,28 @@ def params_list(params: Any, n: int) -> list[SamplingParams]:
 
 
 # ---------------------------------------------------------------------------------------------- resources
+def check_kv_cache_dtype(model: Any, config: EngineConfig) -> None:
+    """A bfloat16 cache on CPU needs the AMX tiles' attention: the torch reference would serve it, but without
+    the fixed reduction order per row that keeps greedy speculative output equal to plain output."""
+    if config.kv_cache_dtype != "bfloat16" or model.device.type != "cpu":
+        return
+    import torch
+
+    from specdec.kernels import cpu as cpu_kernels
+
+    if model.dtype != torch.float32 or not cpu_kernels.bf16_attention():
+        raise ConfigError(f"kv_cache_dtype='bfloat16' on CPU needs a float32 or int8 model and a CPU with AMX-BF16 "
+                          f"(this one runs the kernels at level {cpu_kernels.isa()!r}); use 'auto'",
+                          field="kv_cache_dtype")
+
+
 def check_kv_cache_fits(model: Any, config: EngineConfig) -> None:
     """Refuse a KV cache larger than the device's memory before allocating it (an allocation that large fails
     with an allocator RuntimeError on CUDA, and on the CPU maps lazily and gets the process killed later)."""
     import torch
 
     c = model.config
-    dtype = model.kv_cache_dtype or model.dtype
+    dtype = model.kv_cache_dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
     need = 2 * c.num_layers * config.num_blocks * config.block_size * c.num_kv_heads * c.head_dim
     need *= torch.empty((), dtype=dtype).element_size()
     device = model.device

@@ -18,7 +18,8 @@ err_console = Console(stderr=True, highlight=False, soft_wrap=True)
 # The library names its settings as fields (`max_num_seqs`); the CLI's errors name the flag a user types.
 FLAG_FOR_FIELD = {
     "max_new_tokens": "--max-new-tokens", "top_p": "--top-p", "top_k": "--top-k", "max_num_seqs": "--max-concurrency",
-    "max_tree_nodes": "--max-tree-nodes", "kv_cache_tokens": "--kv-cache-tokens", "num_threads": "--threads",
+    "max_tree_nodes": "--max-tree-nodes", "kv_cache_tokens": "--kv-cache-tokens",
+    "kv_cache_dtype": "--kv-cache-dtype", "num_threads": "--threads",
     "prompts_per_category": "--prompts-per-category", "repetition_penalty": "--repetition-penalty",
     "frequency_penalty": "--frequency-penalty", "presence_penalty": "--presence-penalty", "min_p": "--min-p",
     "logit_bias": "--logit-bias", "stop_token_ids": "--stop-token-id", "min_new_tokens": "--min-new-tokens",

@@ -64,7 +64,8 @@ class Engine:
         # This step's (deepest depth, sequences drafting, proposing seconds), when the depth plan drafted.
         self._drafted: tuple[int, int, float] | None = None
         self.runner = ModelRunner.create(model, config.num_blocks, config.block_size,
-                                         prefix_caching=config.enable_prefix_caching)
+                                         prefix_caching=config.enable_prefix_caching,
+                                         kv_cache_dtype=config.kv_cache_dtype)
         self.scheduler = Scheduler(config, self.runner.cache)
         self.seeds = PromptSeeds(drafter, model.lm_head)
         # True while no request can arrive (LLM.generate after adding its batch; never in the server): once

@@ -62,10 +62,12 @@ class ModelRunner:
 
     @staticmethod
     def create(model: LlamaModel, num_blocks: int, block_size: int, num_layers: int | None = None,
-               prefix_caching: bool = False) -> "ModelRunner":
+               prefix_caching: bool = False, kv_cache_dtype: str = "auto") -> "ModelRunner":
+        """`kv_cache_dtype`: EngineConfig's choice ("auto": the model's own, `model.kv_cache_dtype`)."""
         c = model.config
+        dtype = model.kv_cache_dtype if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype)
         cache = PagedKVCache(num_layers or c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim,
-                             dtype=model.kv_cache_dtype, device=model.device,
+                             dtype=dtype, device=model.device,
                              prefix_caching=prefix_caching)
         return ModelRunner(model, cache, num_layers)
 

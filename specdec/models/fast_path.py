@@ -38,8 +38,10 @@ if TYPE_CHECKING:
 
 
 def applies(model: "LlamaModel", kv_caches: list[tuple[Tensor, Tensor]]) -> bool:
-    return (model.dtype == torch.float32 and model.device.type == "cpu" and kv_caches[0][0].dtype == torch.float32
-            and cpu_kernels.available())
+    """A float32 model on CPU, with a float32 cache, or a bfloat16 one where the AMX tiles take it."""
+    cache = kv_caches[0][0].dtype
+    return (model.dtype == torch.float32 and model.device.type == "cpu" and cpu_kernels.available()
+            and (cache == torch.float32 or (cache == torch.bfloat16 and cpu_kernels.bf16_attention())))
 
 
 def input_form(linear: nn.Module, bias_ok: bool = False) -> int:

@@ -1,0 +1,68 @@
+"""A bfloat16 K/V cache (EngineConfig.kv_cache_dtype): speculation still gives plain decode's greedy output, the
+cache really is bfloat16 and runs the AMX tiles, and CPUs without them refuse it before anything is allocated."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from specdec.config import EngineConfig, SamplingParams
+from specdec.drafters.base import DrafterContext
+from specdec.drafters.none import NoDrafter
+from specdec.drafters.registry import build_drafter
+from specdec.errors import ConfigError
+from specdec.kernels import cpu as cpu_kernels
+from specdec.models import fast_path
+from specdec.models.loader import build_model
+from specdec.tree.spec import TreeSpec, chain
+from specdec.validation import check_kv_cache_dtype
+from tests.helpers import run_all, tiny_config, tiny_engine
+
+VOCAB = 24
+PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [9, 8, 7, 9, 8], [4, 4, 4, 4], list(range(1, 24)) * 3]
+
+
+@pytest.fixture(scope="module")
+def model():
+    """Head size 32 (the tiles take multiples of 32), next-token distributions far from uniform."""
+    model = build_model(tiny_config(VOCAB, hidden=128, heads=4, kv_heads=2), None, torch.float32,
+                        torch.device("cpu"), seed=3)
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(4)
+        model.lm_head.weight.copy_(torch.randn(model.lm_head.weight.shape, generator=gen) * 2.0)
+    return model
+
+
+def run(model, drafter, tree, kv_cache_dtype):
+    engine = tiny_engine(model, drafter, tree, adaptive_speculation=False, kv_cache_dtype=kv_cache_dtype)
+    seqs = [engine.add_request(p, SamplingParams(max_new_tokens=40, ignore_eos=True)) for p in PROMPTS]
+    run_all(engine)
+    assert engine.runner.cache.num_free_blocks == engine.runner.cache.pool.num_blocks
+    return engine, [s.output_ids for s in seqs]
+
+
+@pytest.mark.skipif(not cpu_kernels.bf16_attention(), reason="no AMX-BF16 on this CPU")
+@pytest.mark.parametrize("spec,tree", [("hybrid:suffix+recycle", TreeSpec("dynamic", depth=4, topk=3, budget=8)),
+                                       ("recycle", chain(4))])
+def test_greedy_speculation_equals_plain_decode_over_a_bfloat16_cache(model, spec, tree):
+    engine, plain = run(model, NoDrafter(), chain(0), "bfloat16")
+    layer = engine.runner.cache.layers[0]
+    assert layer[0].dtype == torch.bfloat16 and fast_path.applies(model, engine.runner.cache.layers)
+    ctx = DrafterContext(SimpleNamespace(model=model, source="tiny"), EngineConfig(), torch.device("cpu"),
+                         torch.float32, None)
+    _, speculative = run(model, build_drafter(spec, ctx), tree, "bfloat16")
+    assert speculative == plain
+
+
+def test_a_bfloat16_cache_is_refused_on_a_cpu_without_amx_bf16(model, monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "bf16_attention", lambda: False)
+    with pytest.raises(ConfigError, match="AMX-BF16"):
+        check_kv_cache_dtype(model, EngineConfig(kv_cache_dtype="bfloat16"))
+    check_kv_cache_dtype(model, EngineConfig())  # the model's own precision is always fine
+
+
+def test_an_unknown_cache_precision_is_one_clear_error():
+    with pytest.raises(ConfigError, match="kv_cache_dtype must be one of"):
+        EngineConfig(kv_cache_dtype="fp8")
