@@ -8,7 +8,8 @@
 // instructions, so up to 16 query heads cost what one does and the K/V traffic is halved besides.
 //
 // The arithmetic, per (query, key): q rounded to bfloat16 (K is stored so), scores = the tile dot over the head
-// dimension, times `scale` in float32; per query over its own key list (the committed prefix, then its visible
+// dimension (computed as keys times queries, so that keys load straight from the cache's pages and only the
+// few queries are transposed), times `scale` in float32; per query over its own key list (the committed prefix, then its visible
 // new keys in node order): max, exp(score - max) in float32 (vexp16), rounded to bfloat16, and the
 // denominator summed from the rounded values; out = (the tile dot of those weights with V over the list, 32
 // list entries a step) / denominator. The list entry i of a query sits at step i / 32 and lane i % 32 however
@@ -51,7 +52,8 @@ constexpr int64_t kStep = 32;  // list entries (or head dimensions) one tile pro
 constexpr int64_t kHeld = 4;   // output tiles held at once (tmm0 .. tmm3): 64 dimensions a pass
 
 // Tiles (amx_tiles.h): tmm0 .. tmm3 accumulate (scores of four blocks of 16 keys; outputs of four blocks of 16
-// dimensions), tmm4 takes the left operand (queries, weights) and tmm6 / tmm7 the right one (keys, values).
+// dimensions); scores take keys through tmm4 / tmm5 and queries through tmm6, weighted values take the weights
+// through tmm4 and values through tmm6 / tmm7.
 using amx_tiles::configure;
 
 // tmm(t) += tmm4 * the right operand at `right` (64-byte rows), for an output tile chosen at run time (tile
@@ -63,6 +65,17 @@ inline void product(int t, const void* right) {
     case 1: _tile_loadd(7, right, 64); _tile_dpbf16ps(1, 4, 7); break;
     case 2: _tile_loadd(6, right, 64); _tile_dpbf16ps(2, 4, 6); break;
     default: _tile_loadd(7, right, 64); _tile_dpbf16ps(3, 4, 7); break;
+  }
+}
+
+// tmm(t) += the 16 rows of keys at `keys` (`stride` bytes apart) times tmm6, the keys through tmm4 and tmm5 in
+// turn.
+inline void key_product(int t, const uint16_t* keys, int64_t stride) {
+  switch (t) {
+    case 0: _tile_loadd(4, keys, stride); _tile_dpbf16ps(0, 4, 6); break;
+    case 1: _tile_loadd(5, keys, stride); _tile_dpbf16ps(1, 5, 6); break;
+    case 2: _tile_loadd(4, keys, stride); _tile_dpbf16ps(2, 4, 6); break;
+    default: _tile_loadd(5, keys, stride); _tile_dpbf16ps(3, 5, 6); break;
   }
 }
 
@@ -91,7 +104,8 @@ inline void to_bf16(const float* src, uint16_t* dst) {
 
 struct Scratch {
   std::vector<uint16_t> q;      // [queries padded to 16, D] bfloat16
-  std::vector<uint32_t> kt;     // per 16 keys and 32 dimensions: the tile [16 dimension pairs, 16 keys]
+  std::vector<uint32_t> qt;     // per 16 queries and 32 dimensions: the tile [16 dimension pairs, 16 queries]
+  std::vector<uint16_t> gathered;  // blocks of 16 keys not in consecutive slots, row by row
   std::vector<float> scores;    // [queries padded, width]
   std::vector<uint16_t> w;      // [queries padded, width] bfloat16 weights
   std::vector<float> total;     // [queries]
@@ -104,21 +118,33 @@ struct Scratch {
   alignas(64) uint16_t a[kT * kStep];  // a left operand with some rows zeroed
 };
 
-// V tiles of one step: entries `list[0 .. n)` (element offsets, n <= 32; the rest zero) -> D / 16 tiles, tile b
-// row i = dimensions 16b .. 16b + 15 of entries 2i and 2i + 1, interleaved (the pair layout of tdpbf16ps).
+// V tiles of one step: entries `list[0 .. n)` (element offsets, n <= 32; the rest zero) -> D / 16 tiles, row i
+// of each holding entries 2i and 2i + 1 interleaved (the pair layout of tdpbf16ps) for 16 dimensions. Per 32
+// dimensions 32c .. 32c + 31, one unpack each (within 128-bit lanes, the cheap interleave) makes tile 2c of
+// dimensions 32c + 8L + j and tile 2c + 1 of 32c + 8L + 4 + j, at column 4L + j (L, j < 4); `unshuffle`
+// puts the outputs back in order.
 void pack_values(const uint16_t* v_base, const int64_t* list, int64_t n, int64_t d, uint16_t* out) {
-  const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6, 37, 5,
-                                      36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
   for (int64_t i = 0; i < kStep / 2; ++i) {
     const uint16_t* x = 2 * i < n ? v_base + list[2 * i] : nullptr;
     const uint16_t* y = 2 * i + 1 < n ? v_base + list[2 * i + 1] : nullptr;
     for (int64_t c = 0; c < d; c += kStep) {
       const __m512i a = x ? _mm512_loadu_si512(x + c) : _mm512_setzero_si512();
       const __m512i b = y ? _mm512_loadu_si512(y + c) : _mm512_setzero_si512();
-      _mm512_storeu_si512(out + (c / kT) * kT * kStep + i * kStep, _mm512_permutex2var_epi16(a, lo, b));
-      _mm512_storeu_si512(out + (c / kT + 1) * kT * kStep + i * kStep, _mm512_permutex2var_epi16(a, hi, b));
+      _mm512_storeu_si512(out + (c / kT) * kT * kStep + i * kStep, _mm512_unpacklo_epi16(a, b));
+      _mm512_storeu_si512(out + (c / kT + 1) * kT * kStep + i * kStep, _mm512_unpackhi_epi16(a, b));
     }
+  }
+}
+
+// One output row in dimension order from its accumulators in pack_values' column order, divided by `total`.
+void unshuffle(const float* acc, int64_t d, float total, float* out) {
+  const __m512i first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+  const __m512i second = _mm512_add_epi32(first, _mm512_set1_epi32(8));
+  const __m512 inv = _mm512_set1_ps(total);
+  for (int64_t c = 0; c < d; c += kStep) {
+    const __m512 lo = _mm512_loadu_ps(acc + c), hi = _mm512_loadu_ps(acc + c + kT);
+    _mm512_storeu_ps(out + c, _mm512_div_ps(_mm512_permutex2var_ps(lo, first, hi), inv));
+    _mm512_storeu_ps(out + c + kT, _mm512_div_ps(_mm512_permutex2var_ps(lo, second, hi), inv));
   }
 }
 
@@ -149,36 +175,64 @@ void attend_rows(const float* q, float* out, int64_t r0, int64_t rows, int64_t q
   s.q.assign(nqp * d, 0);
   for (int64_t qi = 0; qi < nq; ++qi)
     for (int64_t i = 0; i < d; i += kT) to_bf16(query(qi) + i, s.q.data() + qi * d + i);
-  // Keys as right operands: per block of 16 keys and 32 dimensions, the 16 x 16 matrix of (key, dimension
-  // pair) transposed. Past the last key: zeros.
-  const int64_t key_blocks = width / kT;
-  s.kt.resize(key_blocks * ksteps * kT * kT);
-  for (int64_t kb = 0; kb < key_blocks; ++kb)
+  // Queries as the right operand: per block of 16 queries and 32 dimensions, the 16 x 16 matrix of (query,
+  // dimension pair) transposed, the pair layout of tdpbf16ps. The keys are the left operand, read in place.
+  s.qt.resize(blocks * ksteps * kT * kT);
+  for (int64_t b = 0; b < blocks; ++b)
     for (int64_t ks = 0; ks < ksteps; ++ks) {
       __m512 r[16];
-      for (int64_t t = 0; t < kT; ++t) {
-        const int64_t j = kb * kT + t;
-        r[t] = j < n ? _mm512_loadu_ps(reinterpret_cast<const float*>(k_base + s.keys[j] + ks * kStep))
-                     : _mm512_setzero_ps();
-      }
+      for (int64_t t = 0; t < kT; ++t)
+        r[t] = _mm512_loadu_ps(reinterpret_cast<const float*>(s.q.data() + (b * kT + t) * d + ks * kStep));
       transpose16x16(r);
-      float* dst = reinterpret_cast<float*>(s.kt.data() + (kb * ksteps + ks) * kT * kT);
+      float* dst = reinterpret_cast<float*>(s.qt.data() + (b * ksteps + ks) * kT * kT);
       for (int t = 0; t < 16; ++t) _mm512_storeu_ps(dst + t * kT, r[t]);
     }
-  // Scores of every query against every key, 16 x 16 at a time, four key blocks in flight (a tile product's
-  // latency is several times its issue interval) with the right operands alternating between tmm6 and tmm7.
+  // Scores, transposed: keys times queries, 16 x 16 a tile, four blocks of keys in flight (a tile product's
+  // latency is several times its issue interval). A block of 16 keys in consecutive slots of one page is
+  // loaded from the cache as it lies; others are first gathered row by row. Each tile is turned back in
+  // registers into per-query rows of scores.
+  const int64_t key_blocks = width / kT;
   s.scores.resize(nqp * width);
-  for (int64_t b = 0; b < blocks; ++b)
-    for (int64_t kb0 = 0; kb0 < key_blocks; kb0 += kHeld) {
-      const int64_t held = std::min(kHeld, key_blocks - kb0);
+  s.gathered.resize(kHeld * kT * d);
+  for (int64_t kb0 = 0; kb0 < key_blocks; kb0 += kHeld) {
+    const int64_t held = std::min(kHeld, key_blocks - kb0);
+    const uint16_t* keys[kHeld];
+    int64_t stride[kHeld];
+    for (int64_t t = 0; t < held; ++t) {
+      const int64_t j0 = (kb0 + t) * kT;
+      const int64_t step = j0 + 1 < n ? s.keys[j0 + 1] - s.keys[j0] : 0;
+      bool in_place = j0 + kT <= n && step > 0;
+      for (int64_t i = 2; i < kT && in_place; ++i) in_place = s.keys[j0 + i] == s.keys[j0] + i * step;
+      if (in_place) {
+        keys[t] = k_base + s.keys[j0];
+        stride[t] = step * 2;
+        continue;
+      }
+      uint16_t* rows_t = s.gathered.data() + t * kT * d;
+      for (int64_t i = 0; i < kT; ++i) {
+        if (j0 + i < n) std::memcpy(rows_t + i * d, k_base + s.keys[j0 + i], d * 2);
+        else std::memset(rows_t + i * d, 0, d * 2);
+      }
+      keys[t] = rows_t;
+      stride[t] = d * 2;
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
       for (int64_t t = 0; t < held; ++t) zero(static_cast<int>(t));
       for (int64_t ks = 0; ks < ksteps; ++ks) {
-        _tile_loadd(4, s.q.data() + b * kT * d + ks * kStep, d * 2);
-        for (int64_t t = 0; t < held; ++t) product(static_cast<int>(t), s.kt.data() + ((kb0 + t) * ksteps + ks) * kT * kT);
+        _tile_loadd(6, s.qt.data() + (b * ksteps + ks) * kT * kT, 64);
+        for (int64_t t = 0; t < held; ++t) key_product(static_cast<int>(t), keys[t] + ks * kStep, stride[t]);
       }
-      for (int64_t t = 0; t < held; ++t)
-        store(static_cast<int>(t), s.scores.data() + b * kT * width + (kb0 + t) * kT, width * 4);
+      const int64_t real = std::min(kT, nq - b * kT);
+      for (int64_t t = 0; t < held; ++t) {
+        alignas(64) float tile[kT * kT];
+        store(static_cast<int>(t), tile, 64);
+        __m512 r[16];
+        for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(tile + i * kT);
+        transpose16x16(r);
+        for (int64_t i = 0; i < real; ++i) _mm512_storeu_ps(s.scores.data() + (b * kT + i) * width + (kb0 + t) * kT, r[i]);
+      }
     }
+  }
   // Per query, its list: the prefix, then its visible new keys moved up behind it; weights and denominator.
   s.w.assign(nqp * width, 0);
   s.total.resize(nq);
@@ -257,12 +311,9 @@ void attend_rows(const float* q, float* out, int64_t r0, int64_t rows, int64_t q
       }
       for (int64_t t = 0; t < held; ++t) store(static_cast<int>(t), s.acc.data() + (t0 + t) * kT, d * 4);
     }
-    for (int64_t qi = q0; qi < q1; ++qi) {
-      const __m512 inv = _mm512_set1_ps(s.total[qi]);
-      float* o = out + ((r0 + qi / group) * q_heads + h * group + qi % group) * d;
-      for (int64_t i = 0; i < d; i += kT)
-        _mm512_storeu_ps(o + i, _mm512_div_ps(_mm512_loadu_ps(s.acc.data() + (qi - q0) * d + i), inv));
-    }
+    for (int64_t qi = q0; qi < q1; ++qi)
+      unshuffle(s.acc.data() + (qi - q0) * d, d, s.total[qi],
+                out + ((r0 + qi / group) * q_heads + h * group + qi % group) * d);
   }
   _tile_release();
 }
