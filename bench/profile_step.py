@@ -188,19 +188,22 @@ def compiled_kernels(mode: str) -> Iterator[None]:
             os.environ["SPECDEC_CPU_KERNELS"] = old
 
 
-PRECISIONS = ("fp32", "int8", "int7", "int4", "int8-fbgemm")
+PRECISIONS = ("fp32", "int8", "int7", "int4", "int8-fbgemm", "int8-bf16kv")
 
 
 def build(target: str, precision: str) -> LLM:
     """fp32; int8, int7 and int4 (QLinear weights, the serving policy); int8-fbgemm (fbgemm's linears with the same
-    compiled attention and norms, the linear kernel used before QLinear)."""
+    compiled attention and norms, the linear kernel used before QLinear); int8-bf16kv (int8 with a bfloat16 K/V
+    cache: attention on AMX tiles)."""
     if precision not in PRECISIONS:
         raise SystemExit(f"unknown precision {precision}; choose from {', '.join(PRECISIONS)}")
+    kv_cache_dtype = "bfloat16" if precision.endswith("-bf16kv") else "auto"
+    precision = precision.removesuffix("-bf16kv")
     # quantized as it loads: a 1.5B target never holds its fp32 weights
     streamed = precision in ("int8", "int7", "int4")
     loaded = load_model(target, "cpu", "float32", show_progress=False,
                         quantize=precision if streamed else None)
-    config = replace(EngineConfig(), adaptive_speculation=False, kv_cache_tokens=4096)
+    config = replace(EngineConfig(), adaptive_speculation=False, kv_cache_tokens=4096, kv_cache_dtype=kv_cache_dtype)
     if precision != "fp32" and not streamed:
         quantize_model_int8_(loaded.model, bits=4 if precision == "int4" else 8, fbgemm=precision == "int8-fbgemm")
         loaded.quantized = "int4" if precision == "int4" else "int8"

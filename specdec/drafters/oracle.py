@@ -91,7 +91,8 @@ class OracleDrafter(DrafterBase):
         cfg = self.engine_config
         block = cfg.block_size
         needed = sum(-(-(len(p) + num_tokens + 1) // block) for p in todo)
-        runner = ModelRunner.create(self.model, needed, block)  # a private cache only this big
+        # a private cache only this big, at the engine's precision: the continuation is the target's as served
+        runner = ModelRunner.create(self.model, needed, block, kv_cache_dtype=cfg.kv_cache_dtype)
         refs = [list(p) for p in todo]
         limit = self.model.config.max_position
         greedy_decode(runner, refs, [BlockTable() for _ in todo], [min(len(p) + num_tokens, limit) for p in todo])
@@ -193,7 +194,8 @@ class OracleDrafter(DrafterBase):
     def _fallback_runner(self) -> ModelRunner:
         if self._runner is None:
             cfg = self.engine_config
-            self._runner = ModelRunner.create(self.model, cfg.num_blocks + spare_blocks(cfg), cfg.block_size)
+            self._runner = ModelRunner.create(self.model, cfg.num_blocks + spare_blocks(cfg), cfg.block_size,
+                                              kv_cache_dtype=cfg.kv_cache_dtype)
         return self._runner
 
 
