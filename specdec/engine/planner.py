@@ -209,6 +209,8 @@ class SpeculationPlanner:
         self._skipped = 0  # steps in a row that the gain guard kept from speculating
         self._explore_every = EXPLORE_AFTER  # idle plans before the next exploration (doubles, `EXPLORE_MAX`)
         self._draft_explore_every = EXPLORE_AFTER  # the same for steps the gain guard skipped
+        self._guard_exploring = False  # the gain guard let this step draft only to measure again
+        self._guard_seqs: frozenset[int] = frozenset()  # the sequences the gain guard last judged
         self._remeasure_every = REMEASURE_AFTER  # observations before a plain price is timed again (doubles)
         self._remeasuring: tuple[int, float] | None = None  # (tokens, predicted seconds) of a re-measurement
 
@@ -446,6 +448,10 @@ class SpeculationPlanner:
         step drafts anyway, so the gain is measured again as the workload moves."""
         if any(is_pinned(seq) for seq in seqs):
             return True
+        ids = frozenset(seq.seq_id for seq in seqs)
+        if not ids <= self._guard_seqs:  # a new request: what drafting gains may have changed with it
+            self._draft_explore_every = EXPLORE_AFTER
+        self._guard_seqs = ids
         cost = self._decode_cost(prefill_tokens)
         mean, square, steps = self._gain.get(StepCost._bucket(len(seqs)), (0.0, 0.0, 0.0))
         if cost is None or steps < GAIN_EVIDENCE or not (priced_in or self.draft_cost.known):
@@ -454,6 +460,7 @@ class SpeculationPlanner:
         if self._skipped >= self._draft_explore_every:  # drafted once to measure again; next time later
             self._skipped = 0
             self._draft_explore_every = min(2 * self._draft_explore_every, EXPLORE_MAX)
+            self._guard_exploring = True  # and the plan must verify a tree, or nothing is measured
             return True
         # Optimistic, as the planner's acceptance estimates are: the mean plus one standard error. A bursty
         # drafter's gain varies widely, so drafting is only skipped where the evidence is firm that it costs
@@ -494,7 +501,19 @@ class SpeculationPlanner:
     def _explore_if_idle(self, chosen: list[int], likelihood: list[float], full: list[int]) -> list[int]:
         """After `EXPLORE_AFTER` plans in a row without speculation, the likeliest sequence gets its full tree
         (`full[i]`: a depth or a node count) once, so that a price measured during a stall is measured again.
-        Each exploration doubles the wait before the next (up to `EXPLORE_MAX`), until a plan speculates again."""
+        Each exploration doubles the wait before the next (up to `EXPLORE_MAX`), until a plan speculates again.
+
+        So does a step the gain guard let through only to measure again (`should_draft`): planned on the same
+        estimates that the guard's early losses had lowered, it chose no tree, measured nothing, and the guard
+        waited twice as long each time. `suffix` on a first request whose opening steps matched nothing ran
+        the whole bench suite at tau 1.00 (eight early steps at -3% were "firm" evidence)."""
+        exploring, self._guard_exploring = self._guard_exploring, False
+        if exploring and not any(chosen):
+            candidates = [j for j in range(len(chosen)) if full[j] > 0]
+            if candidates:
+                i = max(candidates, key=lambda j: likelihood[j])
+                chosen[i] = full[i]
+                return chosen
         if any(chosen):
             self._idle_plans = 0
             self._explore_every = EXPLORE_AFTER

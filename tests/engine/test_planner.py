@@ -216,6 +216,24 @@ def test_drafting_is_skipped_while_it_costs_more_than_it_gains_and_retried():
     assert dear.should_draft(seqs + [pinned])  # a seeded sampled request always gets its drafter's tree
 
 
+def test_a_guard_exploration_verifies_a_tree_and_a_new_request_shortens_the_wait():
+    """The gain guard's exploration must measure something: planned on estimates its early losses lowered, the
+    step chose no tree, and the guard waited twice as long each time, for good (`suffix` on the bench suite: tau
+    1.00 on every prompt after eight unlucky opening steps). A new request may gain otherwise: the wait before
+    the next exploration starts short again."""
+    from specdec.engine.planner import EXPLORE_AFTER, GAIN_EVIDENCE
+
+    p = planner(cost_per_token=0.005, fixed=0.01)  # a drafted row costs a third of a plain step
+    seqs = [seq(0, [0, 0, 0], [10, 10, 10])]  # nothing accepted so far: on its estimates no depth pays
+    for _ in range(GAIN_EVIDENCE):
+        p.observe_gain(1, verified_nodes=3, accepted=0, draft_seconds=0.001)  # the same loss each time: firm
+    plans = [p.plan(seqs, chain(3)) for _ in range(EXPLORE_AFTER + 1)]
+    assert plans == [[0]] * EXPLORE_AFTER + [[3]]  # skipped, then the full tree once: a measured step
+    newcomer = [seq(1, [0, 0, 0], [10, 10, 10])]  # the next request, at the same batch size
+    waits = [p.should_draft(newcomer, priced_in=True) for _ in range(EXPLORE_AFTER + 1)]
+    assert waits == [False] * EXPLORE_AFTER + [True]  # not 2 * EXPLORE_AFTER: the batch has a new request
+
+
 def draft_cost_after_a_request(drafter) -> StepCost:
     """The depth plan's drafting price after one 12-token request on the tiny model with a 3-chain."""
     from tests.helpers import run_all, tiny_engine, tiny_model
