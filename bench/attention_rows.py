@@ -2,13 +2,15 @@
 
     OMP_NUM_THREADS=1 python bench/attention_rows.py                      # the kernels this checkout builds
     OMP_NUM_THREADS=1 python bench/attention_rows.py --library old.so --library new.so --rounds 4
+    OMP_NUM_THREADS=1 python bench/attention_rows.py --cache float32,bfloat16 --rows 1,4,7,12 --contexts 256,1024
 
 One sequence's rows (a decode row, or the nodes of a star tree: each sees the committed keys, the root and
 itself) against a committed prefix of `--contexts` keys in a paged fp32 cache, 9 query heads over 3 KV heads of
 64, one thread: microseconds per call, best of `--repeats` timings of `--calls` calls. With `--library` (a
 built `specdec_cpu_*.so`, as under ~/.cache/specdec/kernels) each library runs in its own process, the
 libraries interleaved round by round so that drift on a shared machine hits them alike; the table gives each
-one's best round.
+one's best round. `--cache` names the K/V cache precisions to time (bfloat16: the AMX tiles' kernel,
+attention_amx.cpp, where the CPU has AMX-BF16), each a row of the table.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ import torch
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 9, 3, 64, 16
 
 
-def time_calls(attention, rows: int, context: int, calls: int, repeats: int) -> float:
+def time_calls(attention, rows: int, context: int, calls: int, repeats: int,
+               cache: torch.dtype = torch.float32) -> float:
     """Microseconds per call of `attention` for `rows` query rows over `context` committed keys."""
     gen = torch.Generator().manual_seed(0)
     blocks = (context + rows + PAGE - 1) // PAGE
-    k_cache = torch.randn(blocks, PAGE, KV_HEADS, HEAD_DIM, generator=gen)
-    v_cache = torch.randn(blocks, PAGE, KV_HEADS, HEAD_DIM, generator=gen)
+    k_cache = torch.randn(blocks, PAGE, KV_HEADS, HEAD_DIM, generator=gen).to(cache)
+    v_cache = torch.randn(blocks, PAGE, KV_HEADS, HEAD_DIM, generator=gen).to(cache)
     q = torch.randn(rows, HEADS, HEAD_DIM, generator=gen)
     table = torch.arange(blocks, dtype=torch.int32)[None]
     prefix = torch.tensor([context], dtype=torch.int32)
@@ -47,7 +50,8 @@ def time_calls(attention, rows: int, context: int, calls: int, repeats: int) -> 
     return best
 
 
-def measure(library: str | None, rows: list[int], contexts: list[int], calls: int, repeats: int) -> dict:
+def measure(library: str | None, rows: list[int], contexts: list[int], calls: int, repeats: int,
+            cache: torch.dtype = torch.float32) -> dict:
     torch.set_num_threads(1)
     if library:
         torch.ops.load_library(library)
@@ -57,7 +61,7 @@ def measure(library: str | None, rows: list[int], contexts: list[int], calls: in
         if not cpu.available():
             raise SystemExit("the compiled CPU kernels are not available here")
     attention = torch.ops.specdec_cpu.paged_attention
-    return {f"{c}x{r}": time_calls(attention, r, c, calls, repeats) for c in contexts for r in rows}
+    return {f"{c}x{r}": time_calls(attention, r, c, calls, repeats, cache) for c in contexts for r in rows}
 
 
 def main() -> None:
@@ -68,16 +72,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cache", default="float32", help="comma list of K/V cache dtypes (this checkout only)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     rows = [int(x) for x in args.rows.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]
     if args.worker or not args.library:
-        result = measure(args.library[0] if args.library else None, rows, contexts, args.calls, args.repeats)
         if args.worker:
-            print(json.dumps(result))
+            print(json.dumps(measure(args.library[0], rows, contexts, args.calls, args.repeats)))
             return
-        results = {"this checkout": result}
+        results = {f"this checkout, {name} cache": measure(None, rows, contexts, args.calls, args.repeats,
+                                                            getattr(torch, name))
+                   for name in args.cache.split(",")}
     else:
         results: dict[str, dict] = {}
         for _ in range(args.rounds):

@@ -9,7 +9,11 @@ For each prompt, the fp32 model writes its greedy answer. Then both models score
   (fp32 agrees with itself by construction);
 * mean log-likelihood per answer token of the fp32 greedy text under each model (closer to fp32's is better).
 Also reported: how many answers, generated freely by int8, are identical to fp32's. `--quantize` names the
-formats to score (each gets its own keys, `_int7` and so on, past the first).
+formats to score (each gets its own keys, `_int7` and so on, past the first); `int8@bfloat16` is int8 with a
+bfloat16 K/V cache (EngineConfig.kv_cache_dtype: attention on AMX tiles), to see what that precision costs:
+
+    python bench/int8_quality.py --per-category 2 --new-tokens 64 --quantize int8,int8@bfloat16 \
+        --out bench/results/kv_cache_ab/quality_dev.json
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from rich.console import Console
 
 from specdec import LLM, SamplingParams
+from specdec.config import EngineConfig
 from specdec.data import CATEGORIES, bench_prompts
 from specdec.kvcache import BlockTable
 from specdec.engine.runner import Chunk
@@ -55,7 +60,11 @@ def main() -> None:
         prompts += [p["prompt"] for p in bench_prompts([category], split=args.split)[: args.per_category]]
     fp32 = LLM("smollm2-135m", show_progress=False)
     formats = args.quantize.split(",")
-    quantized = {q: LLM("smollm2-135m", quantize=q, show_progress=False) for q in formats}
+    quantized = {}
+    for q in formats:
+        weights, _, kv = q.partition("@")
+        quantized[q] = LLM("smollm2-135m", quantize=weights, show_progress=False,
+                           engine_config=EngineConfig(kv_cache_dtype=kv or "auto"))
     params = SamplingParams(max_new_tokens=args.new_tokens)
     total = 0
     agree, same_answers, ll = dict.fromkeys(formats, 0), dict.fromkeys(formats, 0), {q: [] for q in ["fp32", *formats]}
@@ -74,11 +83,11 @@ def main() -> None:
     result = {"prompts": len(prompts), "answer_tokens": total,
               "mean_loglik_fp32_text_under_fp32": sum(ll["fp32"]) / len(ll["fp32"])}
     for n, q in enumerate(formats):
-        tail = "" if n == 0 else f"_{q}"
+        tail = "" if n == 0 else f"_{q.replace('@', '_kv_')}"
         result.update({
             f"greedy_agreement{tail}": agree[q] / total,
             f"identical_free_answers{tail}": same_answers[q] / len(prompts),
-            f"mean_loglik_fp32_text_under_{q}": sum(ll[q]) / len(ll[q]),
+            f"mean_loglik_fp32_text_under_{q.replace('@', '_kv_')}": sum(ll[q]) / len(ll[q]),
         })
     result["command"] = (f"python bench/int8_quality.py --per-category {args.per_category} --new-tokens "
                          f"{args.new_tokens} --split {args.split}"

@@ -58,6 +58,7 @@ class SuiteOptions:
     dtype: str = "float32"
     quantize: str | None = None  # our engine only; transformers stays fp32
     kv_cache_tokens: int | None = None  # per method's engine; None = EngineConfig's default (batch 1 needs ~1k)
+    kv_cache_dtype: str = "auto"  # every method's, plain decode's included (EngineConfig.kv_cache_dtype)
     methods: str | None = None  # "drafter|tree;..."; None: every registered drafter with its default tree
     peers: tuple[str, ...] = PEER_NAMES
     threads: int = 1
@@ -80,6 +81,8 @@ class SuiteOptions:
             parts.append(f"--quantize {self.quantize}")
         if self.kv_cache_tokens:
             parts.append(f"--kv-cache-tokens {self.kv_cache_tokens}")
+        if self.kv_cache_dtype != "auto":
+            parts.append(f"--kv-cache-dtype {self.kv_cache_dtype}")
         if self.methods is not None:
             parts.append(f"--methods '{self.methods}'")
         parts.append(f"--peers {','.join(self.peers)}" if self.peers else "--no-peers")
@@ -118,6 +121,7 @@ def resolve_options(*, quick: bool = False, drafter: str | None = None, methods:
         raise ConfigError("--threads, --max-new-tokens and --prompts-per-category must be at least 1")
     if options.kv_cache_tokens is not None and options.kv_cache_tokens < 256:
         raise ConfigError("--kv-cache-tokens must be at least 256")
+    EngineConfig(kv_cache_dtype=options.kv_cache_dtype)  # an unknown precision: one clear error, before loading
     return options
 
 
@@ -194,7 +198,8 @@ def build_ours(options: SuiteOptions, loaded, console: Console, notes: list[str]
 
     quantize = options.quantize
     # Every method holds its own engine and KV cache; a smaller cache lets many methods share a small machine.
-    config = EngineConfig(kv_cache_tokens=options.kv_cache_tokens) if options.kv_cache_tokens else None
+    config = EngineConfig(kv_cache_tokens=options.kv_cache_tokens or EngineConfig.kv_cache_tokens,
+                          kv_cache_dtype=options.kv_cache_dtype)
     runners = [OursRunner("specdec:none", "specdec plain decode",
                           LLM.from_loaded(loaded, "none", quantize=quantize, engine_config=config))]
     if options.methods is None:
