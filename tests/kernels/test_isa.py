@@ -206,20 +206,18 @@ def test_qlinear_carries_the_amx_copy_only_where_it_runs():
 
 
 @needs_amx
-def test_the_amx_tiles_run_at_every_row_count_and_read_their_own_copy():
-    """A copy that disagrees with the tiles shows in the output at one row and at two (so the comparisons above
-    measured the AMX path, not a silent fallback: one row takes the tiles too, so that a step of one row and a
-    tree's step stream the same copy of the weights), and not at the avx512 level, which reads the VNNI one."""
+def test_the_amx_tiles_run_from_two_rows_and_read_their_own_copy():
+    """A copy that disagrees with the tiles shows in the output from two rows on (so the comparisons above
+    measured the AMX path, not a silent fallback), and not at one row, which takes the VNNI tile."""
     w = torch.randint(-127, 128, (32, 64), dtype=torch.int8, generator=torch.Generator().manual_seed(5))
     tiles, w_scale = reference.pack_q8(w), torch.ones(32)
     wrong = reference.pack_q8_amx(reference.pack_q8(-w), 32)
     q, s, _ = reference.quantize(torch.randn(2, 64), Q8)
     with _isa("amx"):
-        for rows in (1, 2):
-            assert torch.equal(cpu.linear_q8(q[:rows], s[:rows], tiles, w_scale, None, 8, wrong),
-                               -reference.linear_q8(q[:rows], s[:rows], tiles, w_scale))
-    with _isa("avx512"):
-        assert torch.equal(cpu.linear_q8(q, s, tiles, w_scale, None, 8, wrong), reference.linear_q8(q, s, tiles, w_scale))
+        assert torch.equal(cpu.linear_q8(q[:1], s[:1], tiles, w_scale, None, 8, wrong),
+                           reference.linear_q8(q[:1], s[:1], tiles, w_scale))
+        assert torch.equal(cpu.linear_q8(q, s, tiles, w_scale, None, 8, wrong),
+                           -reference.linear_q8(q, s, tiles, w_scale))
 
 
 def test_the_environment_switch_names_a_level_and_ignores_anything_else():

@@ -160,13 +160,9 @@ at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
   const float* sp = s.data_ptr<float>();
   const float* ws = w_scale.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // The same weights in AMX blocks (qlinear_amx.cpp), for every row count where they exist. One row alone is
-  // bound by memory either way (the VNNI tile streamed it 4% faster in bench/int8_rows.py, with its copy the
-  // only one in cache), but one row on the VNNI copy and a tree on the AMX copy stream two 134 MB copies of the
-  // default model through the cache in turn: with every step on one copy, plain decode and the hybrid
-  // interleaved in one process ran 2% and 6-8% faster (10.5 to 10.0 s and 6.1-6.3 to 5.5-5.6 s of linears over
-  // the test split's 12 prompts, two runs each).
-  if (w_amx.has_value() && w_amx->defined() && isa::amx()) {
+  // The same weights in AMX blocks (qlinear_amx.cpp), for two rows or more: one row is bound by memory either
+  // way, and the VNNI tile streams it 4% faster (no 16-row activation tiles to load; bench/int8_rows.py).
+  if (rows >= 2 && w_amx.has_value() && w_amx->defined() && isa::amx()) {
     const int64_t blocks = (n + amx::kBlock - 1) / amx::kBlock;
     TORCH_CHECK(w_amx->scalar_type() == at::kChar && w_amx->is_contiguous() && k % amx::kChunk == 0 &&
                     w_amx->numel() == blocks * amx::kBlock * k,
