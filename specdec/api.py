@@ -25,8 +25,8 @@ from specdec.engine.sequence import Sequence
 from specdec.sampling.seeds import per_sample
 from specdec.tree.spec import TreeSpec, parse_tree_spec
 from specdec.validation import (
-    check_drafter_and_tree, check_kv_cache_dtype, check_kv_cache_fits, check_llm_args, check_messages, check_quantize, check_text,
-    check_token_ids, check_tree_size, params_list, prompt_kind, prompts_list,
+    check_drafter_and_tree, check_kv_cache_dtype, check_kv_cache_fits, check_llm_args, check_messages,
+    check_quantize, check_text, check_token_ids, check_tree_size, params_list, prompt_kind, prompts_list,
 )
 
 Prompt = str | list[int] | list[dict]  # text, token ids, or chat messages

@@ -223,7 +223,8 @@ def test_rope_kv_into_a_bfloat16_cache_writes_the_float32_rows_rounded():
     cos, sin = torch.ones(10, d), torch.zeros(10, d)
     positions, slots = torch.tensor([1, 2, 3, 4]), torch.tensor([3, 0, 6, 5])
     k32, v32 = torch.zeros(2, 4, kv_heads, d), torch.zeros(2, 4, kv_heads, d)
-    k16, v16 = torch.zeros(2, 4, kv_heads, d, dtype=torch.bfloat16), torch.zeros(2, 4, kv_heads, d, dtype=torch.bfloat16)
+    k16 = torch.zeros(2, 4, kv_heads, d, dtype=torch.bfloat16)
+    v16 = torch.zeros(2, 4, kv_heads, d, dtype=torch.bfloat16)
     q32 = cpu.rope_kv(qkv, None, None, positions, cos, sin, k32, v32, slots, q_heads, kv_heads)
     q16 = cpu.rope_kv(qkv, None, None, positions, cos, sin, k16, v16, slots, q_heads, kv_heads)
     assert torch.equal(q16, q32)  # q stays float32

@@ -9,8 +9,8 @@
 //
 // The arithmetic, per (query, key): q rounded to bfloat16 (K is stored so), scores = the tile dot over the head
 // dimension (computed as keys times queries, so that keys load straight from the cache's pages and only the
-// few queries are transposed), times `scale` in float32; per query over its own key list (the committed prefix, then its visible
-// new keys in node order): max, exp(score - max) in float32 (vexp16), rounded to bfloat16, and the
+// few queries are transposed), times `scale` in float32; per query over its own key list (the committed
+// prefix, then its visible new keys in node order): max, exp(score - max) in float32 (vexp16), rounded to bfloat16, and the
 // denominator summed from the rounded values; out = (the tile dot of those weights with V over the list, 32
 // list entries a step) / denominator. The list entry i of a query sits at step i / 32 and lane i % 32 however
 // the query is batched, so its row of every tile product sees the same operands in the same order, and a
@@ -229,7 +229,8 @@ void attend_rows(const float* q, float* out, int64_t r0, int64_t rows, int64_t q
         __m512 r[16];
         for (int i = 0; i < 16; ++i) r[i] = _mm512_load_ps(tile + i * kT);
         transpose16x16(r);
-        for (int64_t i = 0; i < real; ++i) _mm512_storeu_ps(s.scores.data() + (b * kT + i) * width + (kb0 + t) * kT, r[i]);
+        for (int64_t i = 0; i < real; ++i)
+          _mm512_storeu_ps(s.scores.data() + (b * kT + i) * width + (kb0 + t) * kT, r[i]);
       }
     }
   }
