@@ -2,10 +2,11 @@
 // nothing on CPUs that have them (Sapphire Rapids and later).
 //
 // Why: the float32 kernel (attention_rows.h) spends two multiply-adds per (query, key, dimension), so each
-// row of a tree pays its whole attention again: at 256 keys, 7 rows of SmolLM2-135M cost 2.7 ms a step
-// against 1.2 for one row (bench/attention_rows.py). One tdpbf16ps multiplies a 16 x 32 tile of queries (or
-// probabilities) by a 32 x 16 tile of keys (or values): 8,192 products for the price of a few vector
-// instructions, so up to 16 query heads cost what one does and the K/V traffic is halved besides.
+// row of a tree pays its whole attention again: at 256 keys, 7 rows of a SmolLM2-135M layer cost 52.6 us
+// against 13.0 for one row (bench/attention_rows.py). One tdpbf16ps multiplies a 16 x 32 tile of keys (or
+// weights) by a 32 x 16 tile of queries (or values): 8,192 products for the price of a few vector
+// instructions, so up to 16 query heads cost about what one does, and the K/V traffic is halved besides
+// (here 32.1 us for those 7 rows).
 //
 // The arithmetic, per (query, key): q rounded to bfloat16 (K is stored so), scores = the tile dot over the head
 // dimension (computed as keys times queries, so that keys load straight from the cache's pages and only the
