@@ -210,7 +210,7 @@ def check_kv_cache_fits(model: Any, config: EngineConfig) -> None:
     import torch
 
     c = model.config
-    dtype = model.kv_cache_dtype if config.kv_cache_dtype == "auto" else getattr(torch, config.kv_cache_dtype)
+    dtype = model.cache_dtype(config.kv_cache_dtype)
     need = 2 * c.num_layers * config.num_blocks * config.block_size * c.num_kv_heads * c.head_dim
     need *= torch.empty((), dtype=dtype).element_size()
     device = model.device

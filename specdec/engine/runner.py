@@ -65,9 +65,8 @@ class ModelRunner:
                prefix_caching: bool = False, kv_cache_dtype: str = "auto") -> "ModelRunner":
         """`kv_cache_dtype`: EngineConfig's choice ("auto": the model's own, `model.kv_cache_dtype`)."""
         c = model.config
-        dtype = model.kv_cache_dtype if kv_cache_dtype == "auto" else getattr(torch, kv_cache_dtype)
         cache = PagedKVCache(num_layers or c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim,
-                             dtype=dtype, device=model.device,
+                             dtype=model.cache_dtype(kv_cache_dtype), device=model.device,
                              prefix_caching=prefix_caching)
         return ModelRunner(model, cache, num_layers)
 

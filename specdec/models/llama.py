@@ -123,6 +123,10 @@ class LlamaModel(nn.Module):
         name = self.config.kv_cache_dtype
         return getattr(torch, name) if name else self.dtype
 
+    def cache_dtype(self, choice: str = "auto") -> torch.dtype:
+        """The K/V cache dtype for an engine's `EngineConfig.kv_cache_dtype`: "auto" is the model's own."""
+        return self.kv_cache_dtype if choice == "auto" else getattr(torch, choice)
+
     def forward(
         self,
         input_ids: Tensor,  # [T] int64

@@ -113,7 +113,7 @@ struct Scratch {
   std::vector<uint16_t> vt;     // per step of the shared list: D / 16 tiles [16 key pairs, 16 dimensions x 2]
   std::vector<uint16_t> own;    // one step of one row's own list, as vt
   std::vector<int64_t> keys;    // the shared list's element offsets
-  std::vector<int64_t> list;    // one row's list
+  std::vector<int64_t> list;    // one row's own list, from its first own step
   std::vector<char> shared;     // per row: its list is a prefix of the shared one
   std::vector<float> acc;       // [16, D] float32
   alignas(64) uint16_t a[kT * kStep];  // a left operand with some rows zeroed
@@ -297,12 +297,13 @@ void attend_rows(const float* q, float* out, int64_t r0, int64_t rows, int64_t q
       // Rows with their own lists: their steps from the first that holds a new key.
       for (int64_t r = first_row; r <= last_row && !all_shared; ++r) {
         if (s.shared[r]) continue;
-        const int64_t len = p + count[r];
-        s.list.resize(len);
-        std::copy(prefix, prefix + p, s.list.begin());
-        for (int64_t c = 0; c < count[r]; ++c) s.list[p + c] = new_keys[visible[r * n_new + c]];
+        // its list from the first step it takes on its own: the prefix's tail, then its visible new keys
+        const int64_t len = p + count[r], from = full * kStep;
+        s.list.resize(len - from);
+        std::copy(prefix + from, prefix + p, s.list.begin());
+        for (int64_t c = 0; c < count[r]; ++c) s.list[p - from + c] = new_keys[visible[r * n_new + c]];
         for (int64_t st = full; st * kStep < len; ++st) {
-          pack_values(v_base, s.list.data() + st * kStep, std::min<int64_t>(kStep, len - st * kStep), d,
+          pack_values(v_base, s.list.data() + (st - full) * kStep, std::min<int64_t>(kStep, len - st * kStep), d,
                       s.own.data());
           std::memset(s.a, 0, sizeof(s.a));
           for (int64_t qi = std::max(q0, r * group); qi < std::min(q1, (r + 1) * group); ++qi)
