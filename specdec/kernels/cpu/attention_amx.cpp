@@ -10,14 +10,14 @@
 //
 // The arithmetic, per (query, key): q rounded to bfloat16 (K is stored so), scores = the tile dot over the head
 // dimension (computed as keys times queries, so that keys load straight from the cache's pages and only the
-// few queries are transposed), times `scale` in float32; per query over its own key list (the committed
-// prefix, then its visible new keys in node order): max, exp(score - max) in float32 (vexp16), rounded to bfloat16, and the
-// denominator summed from the rounded values; out = (the tile dot of those weights with V over the list, 32
-// list entries a step) / denominator. The list entry i of a query sits at step i / 32 and lane i % 32 however
-// the query is batched, so its row of every tile product sees the same operands in the same order, and a
-// tile product's row depends on nothing but its own operands: a row's output is the same bits alone, in a
-// batch, as a tree node or as a prefill row, the contract of the float32 kernel (tests/kernels/
-// test_cpu_kernels.py holds this one to it). Entries past a list's end have weight 0; adding a zero product
+// few queries are transposed); per query over its own key list (the committed prefix, then its visible new
+// keys in node order): the largest score, exp(scale * (score - largest)) in float32 (as a power of two, within
+// 3e-6: `exp2_weights`), rounded to bfloat16, and the denominator summed from the rounded values; out = (the
+// tile dot of those weights with V over the list, 32 list entries a step) / denominator. The list entry i of
+// a query sits at step i / 32 and lane i % 32 however the query is batched, so its row of every tile product
+// sees the same operands in the same order, and a tile product's row depends on nothing but its own operands:
+// a row's output is the same bits alone, in a batch, as a tree node or as a prefill row, the contract of the
+// float32 kernel (tests/kernels/test_cpu_kernels.py holds this one to it). Entries past a list's end have weight 0; adding a zero product
 // leaves a sum unchanged (short of float32 denormals, which attention weights times values do not produce).
 //
 // How the list is walked: a row whose visible new keys are the first m in node order (a decode row, a chain's
@@ -101,6 +101,29 @@ inline void store(int t, float* dst, int64_t stride) {
 // Sixteen floats rounded to bfloat16 (round to nearest even), into dst.
 inline void to_bf16(const float* src, uint16_t* dst) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src)));
+}
+
+// The lanes of a block of sixteen list entries that lie before the list's end (`left` entries from the block on).
+inline __mmask16 live_lanes(int64_t left) {
+  if (left <= 0) return 0;
+  return left >= kT ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// 2^t on the lanes in `live` (t <= 0 here: a score minus the list's largest), zero on the others and below 2^-126
+// (no denormals: the tiles would read them as zero while the denominator counted them). A degree-4 polynomial
+// on t's fraction, fitted for relative error (within 3e-6 of 2^t), scaled by 2^round(t): the weights are rounded
+// to bfloat16 next, a relative step of 2^-8, so a correctly rounded exp would round to the same weights but for
+// about one in a thousand, at three times this work (the exps of a tree's rows are the bulk of its softmax).
+inline __m512 exp2_weights(__m512 t, __mmask16 live) {
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 q = _mm512_set1_ps(0.009570068679749966f);
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.055917806923389435f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.240247443318367f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.6931218504905701f));
+  q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.9999992847442627f));
+  live &= _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_GE_OQ);
+  return _mm512_maskz_scalef_ps(live, q, n);
 }
 
 struct Scratch {
@@ -235,32 +258,42 @@ void attend_rows(const float* q, float* out, int64_t r0, int64_t rows, int64_t q
       }
     }
   }
-  // Per query, its list: the prefix, then its visible new keys moved up behind it; weights and denominator.
-  s.w.assign(nqp * width, 0);
+  // Per query, its list: the prefix, then its visible new keys moved up behind it; weights and denominator. The
+  // scale enters with the change of base, one multiply-add: 2^(score * c - top * c) with c = scale * log2(e).
+  // Thirty-two entries a step: two exps, one conversion of both to bfloat16, one store, and the denominator
+  // summed from the rounded weights by one bfloat16 dot with ones (each product exact, so the same sum however
+  // the query is batched).
+  s.w.resize(nqp * width);
+  std::fill(s.w.begin() + nq * width, s.w.end(), 0);  // the padding queries' rows
   s.total.resize(nq);
+  const float c = scale * 1.44269504088896341f;
+  const __m512 cv = _mm512_set1_ps(c);
+  const __m512bh ones = (__m512bh)_mm512_set1_epi16(0x3F80);  // bfloat16 1.0
   for (int64_t qi = 0; qi < nq; ++qi) {
-    const int64_t r = qi / group, m = count[r], len = p + m;
+    const int64_t r = qi / group, m = count[r], len = p + m, steps_q = (len + kStep - 1) / kStep;
     float* x = s.scores.data() + qi * width;
     if (!s.shared[r])
-      for (int64_t c = 0; c < m; ++c) x[p + c] = x[p + visible[r * n_new + c]];
-    const __m512 sc = _mm512_set1_ps(scale);
-    __m512 mx = _mm512_set1_ps(-INFINITY);
+      for (int64_t k = 0; k < m; ++k) x[p + k] = x[p + visible[r * n_new + k]];
+    // the list's largest scaled score: its largest raw score (its smallest, were the scale negative)
+    const bool largest = c >= 0;
+    __m512 top = _mm512_set1_ps(largest ? -INFINITY : INFINITY);
     for (int64_t j = 0; j < len; j += kT) {
-      const __mmask16 live = len - j >= kT ? 0xFFFF : static_cast<__mmask16>((1u << (len - j)) - 1);
-      const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + j), sc);
-      _mm512_storeu_ps(x + j, v);
-      mx = _mm512_mask_max_ps(mx, live, mx, v);
+      const __m512 v = _mm512_maskz_loadu_ps(live_lanes(len - j), x + j);
+      top = largest ? _mm512_mask_max_ps(top, live_lanes(len - j), top, v)
+                    : _mm512_mask_min_ps(top, live_lanes(len - j), top, v);
     }
-    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    const __m512 offset = _mm512_set1_ps(-(largest ? _mm512_reduce_max_ps(top) : _mm512_reduce_min_ps(top)) * c);
     __m512 sum = _mm512_setzero_ps();
     uint16_t* wq = s.w.data() + qi * width;
-    for (int64_t j = 0; j < len; j += kT) {
-      const __mmask16 live = len - j >= kT ? 0xFFFF : static_cast<__mmask16>((1u << (len - j)) - 1);
-      const __m512 e = _mm512_maskz_mov_ps(live, vexp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), top)));
-      const __m256bh e16 = _mm512_cvtneps_pbh(e);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(wq + j), (__m256i)e16);
-      sum = _mm512_add_ps(sum, _mm512_cvtpbh_ps(e16));  // the denominator of the weights as rounded
+    for (int64_t j = 0; j < steps_q * kStep; j += kStep) {
+      const __m512 lo = exp2_weights(_mm512_fmadd_ps(_mm512_loadu_ps(x + j), cv, offset), live_lanes(len - j));
+      const __m512 hi = exp2_weights(_mm512_fmadd_ps(_mm512_loadu_ps(x + j + kT), cv, offset),
+                                     live_lanes(len - j - kT));
+      const __m512bh w = _mm512_cvtne2ps_pbh(hi, lo);
+      _mm512_storeu_si512(wq + j, (__m512i)w);
+      sum = _mm512_dpbf16_ps(sum, w, ones);
     }
+    std::fill(wq + steps_q * kStep, wq + width, 0);
     s.total[qi] = _mm512_reduce_add_ps(sum);
   }
   // Values of the shared list, step by step.
