@@ -53,6 +53,13 @@ class OutOfBlocksError(SpecdecError):
 class NumericalError(SpecdecError):
     """The model produced NaN or Inf logits: the request stops instead of emitting garbage tokens."""
 
+    @classmethod
+    def non_finite_logits(cls) -> NumericalError:
+        """The error for a pass whose logits hold NaN or Inf (health.py's check, or greedy verification's read)."""
+        return cls("the model produced NaN/Inf logits, so its output would be garbage; the request was stopped. "
+                   "The weights are probably corrupt (re-download or re-convert the model), or the dtype overflows "
+                   "(try --dtype float32)")
+
 
 class MissingDependencyError(SpecdecError):
     """An optional package a command needs is not installed; the message names the extra to install."""

@@ -25,8 +25,4 @@ def check_finite_logits(outputs: Sequence) -> None:
     """
     sums = [out.logits.sum(dtype=torch.float32) for out in outputs if out.logits is not None and out.logits.numel()]
     if sums and not math.isfinite(float(torch.stack(sums).sum())):  # NaN or Inf anywhere makes the total so
-        raise NumericalError(
-            "the model produced NaN/Inf logits, so its output would be garbage; the request was stopped. "
-            "The weights are probably corrupt (re-download or re-convert the model), or the dtype overflows "
-            "(try --dtype float32)"
-        )
+        raise NumericalError.non_finite_logits()

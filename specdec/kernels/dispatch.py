@@ -116,7 +116,7 @@ def rope_kv(qkv: Tensor, scale: Tensor | None, bias: Tensor | None, positions: T
 
 
 def argmax_rows(logits: Tensor) -> Tensor:
-    """Each row's index of its largest logit (the first on ties), `[N]` int64."""
+    """Each row's index of its largest logit (the first on ties), `[N]` int64; -1 for a row with NaN or +Inf."""
     return _elementwise(logits).argmax_rows(logits)
 
 

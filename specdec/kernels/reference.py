@@ -393,5 +393,6 @@ def top_k_probs(logits: Tensor, k: int) -> list[Tensor]:
 
 
 def argmax_rows(logits: Tensor) -> Tensor:
-    """Each row's index of its largest logit `[N]` int64 (the first, on ties): greedy verification's read."""
-    return logits.argmax(-1)
+    """Each row's index of its largest logit `[N]` int64 (the first, on ties): greedy verification's read; -1 for
+    a row holding NaN or +Inf (the read is also verification's check of the logits; -Inf rules a token out)."""
+    return torch.where((logits < float("inf")).all(-1), logits.argmax(-1), -1)

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from specdec import kernels
+from specdec.errors import NumericalError
 from specdec.sampling import sample, uniform
 from specdec.tree.token_tree import TokenTree
 from specdec.verifier.result import VerifyResult
@@ -64,10 +65,14 @@ def _proposal(tree: TokenTree, node: int, token: int, like: Tensor) -> Tensor:
 
 
 def verify_greedy_batch(trees: list[TokenTree], logits: list[Tensor]) -> list[VerifyResult]:
-    """`verify_greedy` for many sequences at once: one argmax over all their rows, one host transfer."""
+    """`verify_greedy` for many sequences at once: one argmax over all their rows, one host transfer. The argmax
+    is -1 for a row holding NaN or +Inf: that stops the step with `NumericalError`, which makes this read the
+    check of these rows (the engine skips its own pass over logits verified here, `Engine._check_finite`)."""
     if not trees:
         return []
     best_all = kernels.argmax_rows(logits[0] if len(logits) == 1 else torch.cat(logits)).tolist()
+    if -1 in best_all:
+        raise NumericalError.non_finite_logits()
     results, row = [], 0
     for tree in trees:
         n = len(tree)

@@ -362,3 +362,22 @@ def test_argmax_rows_is_torch_argmax_ties_included(rows, vocab):
         logits[1] = 0.0  # all equal: index 0
     assert torch.equal(cpu.argmax_rows(logits), reference.argmax_rows(logits))
     assert cpu.argmax_rows(logits)[0] == vocab // 2
+
+
+@pytest.mark.parametrize("vocab", [7, 64, 100, 49152])
+@pytest.mark.parametrize("at", [0, -1, "middle"])
+def test_argmax_rows_is_minus_one_for_a_row_with_nan_or_plus_inf_and_ignores_minus_inf(vocab, at):
+    """Greedy verification reads the argmax as its check of the logits (the engine makes no other pass over
+    them): NaN or +Inf anywhere in a row gives -1, wherever it lies (first lane, a chain's lane, the tail);
+    -Inf is a token ruled out, as processed rows hold, and leaves the argmax alone."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(4, vocab, generator=gen)
+    j = vocab // 2 if at == "middle" else at
+    logits[0, j] = float("nan")
+    logits[1, j] = float("inf")
+    logits[2, j] = -float("inf")
+    want = logits[2].clone()
+    got = cpu.argmax_rows(logits)
+    assert got[0] == -1 and got[1] == -1
+    assert got[2] == want.argmax() and got[3] == logits[3].argmax()
+    assert torch.equal(got, reference.argmax_rows(logits))

@@ -252,6 +252,20 @@ def test_sixteen_lane_silu_gives_the_eight_lane_bits(n, mode, scaled):
 
 
 @needs_avx512
+@pytest.mark.parametrize("v", [8, 63, 64, 100, 49152])
+def test_sixteen_lane_argmax_gives_the_eight_lane_indices(v):
+    logits = torch.randn(6, v, generator=torch.Generator().manual_seed(v))
+    logits[1] = 0.0  # all equal: index 0
+    logits[2, v // 3] = logits[2, v - 1] = 9.0  # a tie: the first wins
+    logits[3, v - 1] = float("nan")
+    logits[4, v // 2] = float("inf")
+    logits[5, 0] = -float("inf")
+    slow, fast = _both(lambda: cpu.argmax_rows(logits))
+    assert torch.equal(slow, fast)
+    assert fast[1] == 0 and fast[2] == v // 3 and fast[3] == -1 and fast[4] == -1
+
+
+@needs_avx512
 @pytest.mark.parametrize("v", [8, 100, 49152])
 def test_sixteen_lane_softmax_sums_give_the_eight_lane_top_k_probabilities(v):
     logits = torch.randn(7, v, generator=torch.Generator().manual_seed(v)) * 4.0

@@ -124,3 +124,26 @@ def test_emitted_tokens_equal_plain_greedy_decoding_of_the_same_target():
         # the path is the longest one possible: no child of the last accepted node is the target's choice
         last = result.accepted_nodes[-1]
         assert all(tokens[c] != target_next(tokens[last]) for c in tree.children[last])
+
+
+def test_a_tree_row_with_nan_or_plus_inf_stops_verification_and_minus_inf_does_not():
+    """The engine leaves the NaN/Inf check of greedily verified rows to this read (`Engine._check_finite`), so
+    it must raise on NaN or +Inf in any row, and let -Inf (a token a sampling control ruled out) through."""
+    import pytest
+
+    from specdec.errors import NumericalError
+    from specdec.verifier import verify_greedy_batch
+
+    tree = TokenTree.from_parents([5, 1, 2], [-1, 0, 0])
+    for bad in (float("nan"), float("inf")):
+        logits = torch.zeros(3, 8)
+        logits[0, 1] = 1.0
+        logits[2, 4] = bad  # a node off the accepted path
+        with pytest.raises(NumericalError, match="NaN/Inf logits"):
+            verify_greedy_batch([tree], [logits])
+    logits = torch.zeros(3, 8)
+    logits[0, 1] = 1.0
+    logits[1, 3] = 2.0
+    logits[:, 0] = -float("inf")
+    result = verify_greedy_batch([tree], [logits])[0]
+    assert result.accepted_nodes == [0, 1] and result.tokens == [1, 3]
