@@ -49,6 +49,31 @@ int64_t silu_mul16(const float* g, const float* u, const float* s, float* o, int
   return i;
 }
 
+// The largest |h| over the row's first n / 16 * 16 elements (n >= 16), sixteen at a time; returns where it stopped
+// in `stop`. A maximum is exact: any grouping gives the eight-lane loop's value.
+float abs_max16(const float* h, int64_t n, int64_t& stop) {
+  __m512 m = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(h + i)));
+  stop = i;
+  return _mm512_reduce_max_ps(m);
+}
+
+// The q8 form of a row (n a multiple of 32): q = round(h * inv) to nearest even, as the eight-lane loop rounds
+// (the default rounding mode's conversion), and per group of 32 the sum of q. The clamp to [-127, 127] is the
+// saturating narrowing's: |h| <= max|h| keeps h * 127 / max|h| within 127.5, so neither changes a value.
+// Why: at 1,536 values (silu_mul's row) the eight-lane loop cost about 0.45 us a row, half of silu_mul's.
+void quantize_q8_16(const float* h, int64_t n, float inv, int8_t* q, float* gsum) {
+  const __m512 iv = _mm512_set1_ps(inv);
+  for (int64_t g = 0; g < n / 32; ++g) {
+    const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(h + 32 * g), iv));
+    const __m512i b = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(h + 32 * g + 16), iv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * g), _mm512_cvtsepi32_epi8(a));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 32 * g + 16), _mm512_cvtsepi32_epi8(b));
+    gsum[g] = static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(a, b)));
+  }
+}
+
 }  // namespace wide_silu
 }  // namespace specdec
 #pragma GCC pop_options
@@ -75,6 +100,9 @@ const float* scale_ptr(const c10::optional<at::Tensor>& scale, int64_t rows) {
 float abs_max(const float* h, int64_t n) {
   vf m = splat(0.0f);
   int64_t i = 0;
+#if defined(SPECDEC_WIDE_SILU)
+  if (n >= 16 && isa::avx512()) m = splat(wide_silu::abs_max16(h, n, i));
+#endif
   for (; i + kLanes <= n; i += kLanes) {
     vf v = load(h + i);
     m = vmax(m, v < 0 ? -v : v);
@@ -93,6 +121,8 @@ struct Output {
   int8_t* q = nullptr;   // mode 2: [T, n]
   float* gsum = nullptr;  // mode 2: [T, n / 32]
   std::vector<at::Tensor> tensors;
+
+  bool wide = isa::avx512();  // the sixteen-lane quantization (the same bits)
 
   Output(int mode_, int64_t rows, int64_t n_, const at::TensorOptions& opt) : mode(mode_), n(n_) {
     TORCH_CHECK(mode >= 0 && mode <= 2, "mode must be 0 (float), 1 (rowscale) or 2 (q8)");
@@ -136,6 +166,12 @@ struct Output {
     int8_t* qr = q + r * n;
     float* gs = gsum + r * (n / kGroup);
     int64_t g = 0;
+#if defined(SPECDEC_WIDE_SILU)
+    if (wide) {
+      wide_silu::quantize_q8_16(hr, n, inv, qr, gs);
+      g = n / kGroup;
+    }
+#endif
 #if defined(__AVX2__)
     // The loop below, eight values at a time: the same product, round-to-nearest-even and clamp, so the same
     // bits (nearbyint rounds that way under the default rounding mode, as _mm256_round_ps does here).
