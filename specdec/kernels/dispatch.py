@@ -48,9 +48,10 @@ def copy_kv_slots(k_cache: Tensor, v_cache: Tensor, src_slots: Tensor, dst_slots
 
 
 def copy_kv_layers(layers: list[tuple[Tensor, Tensor]], src_slots: Tensor, dst_slots: Tensor) -> None:
-    """`copy_kv_slots` in every layer's (K, V) caches: the compaction of an accepted tree path."""
+    """`copy_kv_slots` in every layer's (K, V) caches: the compaction of an accepted tree path. The compiled copy
+    moves bytes, so it serves CPU caches of every dtype (a bfloat16 cache went through 60 torch calls a copy)."""
     backend = backend_for(layers[0][0])
-    if backend is cpu:
+    if layers[0][0].device.type == "cpu" and cpu.available():
         cpu.copy_kv_layers([k for k, _ in layers], [v for _, v in layers], src_slots, dst_slots)
         return
     for k_cache, v_cache in layers:

@@ -321,10 +321,13 @@ def test_linear_rows_are_bit_identical_alone_and_batched(bits):
 
 # ---- KV compaction ------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("src,dst", [([5, 6, 7], [1, 2, 3]), ([1, 2, 3], [2, 3, 4]), ([9, 4], [4, 0]), ([], [])])
-def test_copy_kv_layers_is_the_reference_in_every_layer(src, dst):
-    """Overlapping moves (2 -> 3 while 3 -> 4) must copy snapshots of the sources, layer by layer."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_copy_kv_layers_is_the_reference_in_every_layer(src, dst, dtype):
+    """Overlapping moves (2 -> 3 while 3 -> 4) must copy snapshots of the sources, layer by layer; the copy moves
+    bytes, so a bfloat16 cache (which the engine's dispatch sends here too) is served alike."""
     gen = torch.Generator().manual_seed(len(src))
-    layers = [(torch.randn(3, 4, 2, 8, generator=gen), torch.randn(3, 4, 2, 8, generator=gen)) for _ in range(3)]
+    layers = [(torch.randn(3, 4, 2, 8, generator=gen).to(dtype), torch.randn(3, 4, 2, 8, generator=gen).to(dtype))
+              for _ in range(3)]
     expected = [(k.clone(), v.clone()) for k, v in layers]
     src_t, dst_t = torch.tensor(src, dtype=torch.int64), torch.tensor(dst, dtype=torch.int64)
     for k, v in expected:
