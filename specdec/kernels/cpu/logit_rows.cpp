@@ -12,8 +12,9 @@
 // top_k_probs: the k largest logits of each row with their softmax probabilities: what Token
 // Recycling writes into its matrix after every verified step. torch needs a top-k and a full logsumexp (two
 // passes, about 1.2 ms a step for an 8-node tree over a 49,152-token vocabulary on this CPU); here a row is
-// read once, and a chunk of eight logits none of which beats the current k-th is skipped with one compare; on
-// AVX-512 the softmax sum's exps run sixteen at a time (22 -> ~11 us a row).
+// read once, and a chunk of eight (sixteen on AVX-512) logits none of which beats the current k-th is skipped
+// with one compare; the softmax sum's terms are powers of two by a short polynomial (pow2_terms), sixteen at a
+// time on AVX-512.
 //
 // Order: largest first, equal logits in index order (a stable descending sort's first k). Probabilities:
 // exp(x - max) / sum_j exp(x_j - max), the sum in a fixed order, so a row's result never depends on its batch.
@@ -52,6 +53,57 @@ inline int64_t first_of_largest(const float* best, const int32_t* where, int64_t
 
 }  // namespace specdec
 
+namespace specdec {
+
+// The softmax normalizer's terms exp(x - max) as 2^t, t = x log2(e) - max log2(e) (one multiply-add; t <= 0): a
+// degree-5 polynomial on t's fraction, within 3e-7 of 2^f relative, scaled by 2^round(t) through the exponent
+// bits; 0 below 2^-125. Half the work of vexp (Cephes, 2 ulp), which made the sum most of a row's 16 us:
+// recycled probabilities rank draft nodes, and 3e-7 is far below anything that could reorder them.
+constexpr float kLog2e = 1.44269504088896341f;
+
+inline vf pow2_terms(vf x, vf l2e, vf off) {
+  const vf lo = splat(-125.0f), magic = splat(12582912.0f);  // magic: adding it rounds to the nearest integer
+  vf t = fma(x, l2e, off);
+  const vi live = t >= lo;  // NaN: not live
+  t = live ? t : lo;
+  const vf m = t + magic;
+  const vf n = m - magic;
+  const vi ni = (vi)m - (vi)magic;
+  const vf f = t - n;
+  vf q = splat(0.0013276453828439116f);
+  q = fma(q, f, splat(0.009675538167357445f));
+  q = fma(q, f, splat(0.05550713464617729f));
+  q = fma(q, f, splat(0.24022120237350464f));
+  q = fma(q, f, splat(0.6931469440460205f));
+  q = fma(q, f, splat(1.0000001192092896f));
+  const vf y = q * (vf)((ni + 127) << 23);
+  return live ? y : splat(0.0f);
+}
+
+inline float pow2_term(float x, float off) { return pow2_terms(splat(x), splat(kLog2e), splat(off))[0]; }
+
+// The k largest values of a row offered in index order: largest first, equal values in index order.
+struct TopK {
+  int64_t k, kept = 0;
+  float* best;
+  int64_t* at;
+  bool full() const { return kept == k; }
+  float floor() const { return best[k - 1]; }
+  void offer(float value, int64_t j) {  // insert after every kept value >= it
+    if (kept == k && !(value > best[k - 1])) return;
+    int64_t pos = kept < k ? kept++ : k - 1;
+    while (pos > 0 && value > best[pos - 1]) {
+      best[pos] = best[pos - 1];
+      at[pos] = at[pos - 1];
+      --pos;
+    }
+    best[pos] = value;
+    at[pos] = j;
+  }
+};
+
+}  // namespace specdec
+
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
 #define SPECDEC_WIDE_EXPS 1
 #include <immintrin.h>
@@ -59,17 +111,43 @@ inline int64_t first_of_largest(const float* best, const int32_t* where, int64_t
 #pragma GCC target("avx512f,avx512vl,avx512dq")
 namespace specdec {
 namespace wide_exps {
-#include "vec16.h"
 
-// total + sum of exp(x - mx) over the row's first v / 16 * 16 logits, sixteen exps at a time, each half added to
-// the eight-lane total in the order the eight-lane loop adds it (the same bits); returns where it stopped.
-int64_t exp_sum16(const float* row, int64_t v, float mx, vf& total) {
-  const __m512 m = _mm512_set1_ps(mx);
+// total + the normalizer's terms (pow2_terms) over the row's first v / 16 * 16 logits, sixteen at a time, each
+// half added to the eight-lane total in the order the eight-lane loop adds it (the same bits, lane for lane);
+// returns where it stopped.
+int64_t pow2_sum16(const float* row, int64_t v, float off, vf& total) {
+  const __m512 l2e = _mm512_set1_ps(kLog2e), o = _mm512_set1_ps(off), lo = _mm512_set1_ps(-125.0f);
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
   int64_t j = 0;
   for (; j + 16 <= v; j += 16) {
-    const __m512 e = vexp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), m));
+    __m512 t = _mm512_fmadd_ps(_mm512_loadu_ps(row + j), l2e, o);
+    const __mmask16 live = _mm512_cmp_ps_mask(t, lo, _CMP_GE_OQ);
+    t = _mm512_mask_blend_ps(live, lo, t);
+    const __m512 m = _mm512_add_ps(t, magic);
+    const __m512 f = _mm512_sub_ps(t, _mm512_sub_ps(m, magic));
+    const __m512i ni = _mm512_sub_epi32(_mm512_castps_si512(m), _mm512_castps_si512(magic));
+    __m512 q = _mm512_set1_ps(0.0013276453828439116f);
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.009675538167357445f));
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.05550713464617729f));
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.24022120237350464f));
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(0.6931469440460205f));
+    q = _mm512_fmadd_ps(q, f, _mm512_set1_ps(1.0000001192092896f));
+    const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(ni, _mm512_set1_epi32(127)), 23));
+    const __m512 e = _mm512_maskz_mul_ps(live, q, scale);
     total = total + (vf)_mm512_castps512_ps256(e);
     total = total + (vf)_mm512_extractf32x8_ps(e, 1);
+  }
+  return j;
+}
+
+// The top-k scan sixteen values a step: a step none of whose values beats the current k-th is skipped with one
+// compare; the others are offered in index order, as the eight-lane scan offers them (the same k).
+int64_t scan16(const float* row, int64_t v, TopK& top) {
+  int64_t j = 0;
+  for (; j + 16 <= v; j += 16) {
+    const __m512 chunk = _mm512_loadu_ps(row + j);
+    if (top.full() && !_mm512_cmp_ps_mask(chunk, _mm512_set1_ps(top.floor()), _CMP_GT_OQ)) continue;
+    for (int l = 0; l < 16; ++l) top.offer(row[j + l], j + l);
   }
   return j;
 }
@@ -148,36 +226,28 @@ std::vector<at::Tensor> top_k_probs(const at::Tensor& logits, int64_t k) {
     std::vector<int64_t> at_(k);
     for (int64_t r = begin; r < end; ++r) {
       const float* row = xp + r * v;
-      int64_t kept = 0;
-      auto offer = [&](float value, int64_t j) {  // insert after every kept value >= it (ties: index order)
-        if (kept == k && !(value > best[k - 1])) return;
-        int64_t pos = kept < k ? kept++ : k - 1;
-        while (pos > 0 && value > best[pos - 1]) {
-          best[pos] = best[pos - 1];
-          at_[pos] = at_[pos - 1];
-          --pos;
-        }
-        best[pos] = value;
-        at_[pos] = j;
-      };
+      TopK top{k, 0, best.data(), at_.data()};
       int64_t j = 0;
+#if defined(SPECDEC_WIDE_EXPS)
+      if (wide) j = wide_exps::scan16(row, v, top);
+#endif
       for (; j + kLanes <= v; j += kLanes) {
         const vf chunk = load(row + j);
-        if (kept == k && !any_above(chunk, best[k - 1])) continue;
-        for (int l = 0; l < kLanes; ++l) offer(chunk[l], j + l);
+        if (top.full() && !any_above(chunk, top.floor())) continue;
+        for (int l = 0; l < kLanes; ++l) top.offer(chunk[l], j + l);
       }
-      for (; j < v; ++j) offer(row[j], j);
-      const float mx = best[0];
+      for (; j < v; ++j) top.offer(row[j], j);
+      const float off = -best[0] * kLog2e;
       vf total = splat(0.0f);
       j = 0;
 #if defined(SPECDEC_WIDE_EXPS)
-      if (wide) j = wide_exps::exp_sum16(row, v, mx, total);
+      if (wide) j = wide_exps::pow2_sum16(row, v, off, total);
 #endif
-      for (; j + kLanes <= v; j += kLanes) total = total + vexp(load(row + j) - splat(mx));
+      for (; j + kLanes <= v; j += kLanes) total = total + pow2_terms(load(row + j), splat(kLog2e), splat(off));
       float sum = hsum(total);
-      for (; j < v; ++j) sum += sexp(row[j] - mx);
+      for (; j < v; ++j) sum += pow2_term(row[j], off);
       for (int64_t t = 0; t < k; ++t) {
-        pp[r * k + t] = sexp(best[t] - mx) / sum;
+        pp[r * k + t] = pow2_term(best[t], off) / sum;
         ip[r * k + t] = at_[t];
       }
     }
