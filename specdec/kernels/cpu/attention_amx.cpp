@@ -180,11 +180,17 @@ void attend_rows(const float* q, float* out, int64_t r0, int64_t rows, int64_t q
                  float scale) {
   thread_local Scratch s;
   const int64_t nq = rows * group, blocks = (nq + kT - 1) / kT, nqp = blocks * kT;
-  const int64_t n = p + n_new, width = (n + kStep - 1) / kStep * kStep, steps = width / kStep;
+  // The shared list up to the last new key any of these rows sees (lists hold their new keys in node order):
+  // a block of 16 prompt rows early in a 600-token prefill sees a few dozen keys, not all 600, and scoring and
+  // packing the rest doubled a prefill's attention.
+  int64_t seen = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    if (count[r] > 0) seen = std::max(seen, visible[r * n_new + count[r] - 1] + 1);
+  const int64_t n = p + seen, width = (n + kStep - 1) / kStep * kStep, steps = width / kStep;
   const int64_t ksteps = d / kStep, vtiles = d / kT;
   s.keys.resize(width);
   std::copy(prefix, prefix + p, s.keys.begin());
-  std::copy(new_keys, new_keys + n_new, s.keys.begin() + p);
+  std::copy(new_keys, new_keys + seen, s.keys.begin() + p);
   // Which rows' lists are a prefix of the shared one (visible = the first count[r] new keys).
   s.shared.assign(rows, 1);
   bool all_shared = true;

@@ -249,20 +249,14 @@ inline float softmax_numerators(float* p, int64_t n) {
 }
 
 // Attention of query rows r0 .. r1 (indices into q) of one sequence for one KV head: `group` query heads a
-// row, the sequence's `p` committed keys at `s.prefix`, and its new tokens' keys at `new_keys`, of which row
-// r sees those `visible_of(r)` lists. The prefix is shared by every query, so it is walked in blocks of
-// kQueryBlock consecutive queries (rows and heads alike); a row's own new keys are walked by its heads.
-template <typename Visible>
-void attend_rows(const float* qp, float* op, int64_t r0, int64_t r1, int64_t q_heads, int64_t h, int64_t group,
-                 const float* k_base, const float* v_base, const int64_t* new_keys, int64_t n_new, int64_t d,
-                 float scale, Scratch& s, Visible visible_of) {
+// row, the sequence's `p` committed keys at `s.prefix`, and of its `n_new` new tokens' keys those row r sees at
+// `s.visible` (element offsets, `s.count[r]` of them from r * n_new on; the caller lists them). The prefix is
+// shared by every query, so it is walked in blocks of kQueryBlock consecutive queries (rows and heads alike); a
+// row's own new keys are walked by its heads.
+inline void attend_rows(const float* qp, float* op, int64_t r0, int64_t r1, int64_t q_heads, int64_t h, int64_t group,
+                        const float* k_base, const float* v_base, int64_t n_new, int64_t d, float scale, Scratch& s) {
   const int64_t rows = r1 - r0, p = static_cast<int64_t>(s.prefix.size()), nq = rows * group;
   const int64_t padded = (p + n_new + kLanes - 1) / kLanes * kLanes;
-  s.visible.resize(rows * std::max<int64_t>(n_new, 1));
-  s.count.assign(rows, 0);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < n_new; ++j)
-      if (visible_of(r0 + r, j)) s.visible[r * n_new + s.count[r]++] = new_keys[j];
   s.scores.resize(nq * padded);
   s.acc.assign(nq * d, 0.0f);
   auto query = [&](int64_t qi) { return qp + ((r0 + qi / group) * q_heads + h * group + qi % group) * d; };
