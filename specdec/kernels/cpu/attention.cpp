@@ -199,36 +199,43 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
       auto visible = [&](int64_t t, int64_t j) {
         return mask_words ? static_cast<bool>((mask_words[t * mask_width + j / 32] >> (j % 32)) & 1) : (j <= t - first);
       };
-      // Each row's visible new keys, in node order: indices for the tiles' kernel, element offsets for the float
-      // kernels. Causal rows (prefill chunks, decode rows) see the first t - first + 1: copied, not tested key
-      // by key (in a 600-token prefill, testing every (row, key) pair in every task was 40% of its attention).
+      // Causal rows (prefill chunks, decode rows) all see the new keys before this block's first row: those join
+      // the committed prefix, which the kernels walk once for every query of the block (the float kernel with
+      // the keys in lanes) instead of once per row. Each list keeps its order (the prefix, then its own new
+      // keys), so every row gets the same bits; a 600-token prefill's attention took 212 ms walking them per row.
+      const int64_t shift = mask_words ? 0 : r0 - first;
+      s.prefix.insert(s.prefix.end(), new_keys.begin(), new_keys.begin() + shift);
+      const int64_t* own = new_keys.data() + shift;
+      const int64_t n_own = n_new - shift;
+      // Each row's visible new keys past the shift, in node order: indices for the tiles' kernel, element
+      // offsets for the float kernels; causal rows' are copied, not tested key by key.
       const int64_t rows = r1 - r0;
-      s.visible.resize(rows * std::max<int64_t>(n_new, 1));
+      s.visible.resize(rows * std::max<int64_t>(n_own, 1));
       s.count.assign(rows, 0);
       for (int64_t r = 0; r < rows; ++r) {
-        int64_t* list = s.visible.data() + r * n_new;
+        int64_t* list = s.visible.data() + r * n_own;
         if (!mask_words) {
-          const int64_t m = r0 + r - first + 1;
-          if (bf16) std::iota(list, list + m, int64_t{0});
-          else std::copy(new_keys.begin(), new_keys.begin() + m, list);
-          s.count[r] = m;
+          if (bf16) std::iota(list, list + r + 1, int64_t{0});
+          else std::copy(own, own + r + 1, list);
+          s.count[r] = r + 1;
           continue;
         }
         for (int64_t j = 0; j < n_new; ++j)
           if (visible(r0 + r, j)) list[s.count[r]++] = bf16 ? j : new_keys[j];
       }
+      const int64_t p_all = static_cast<int64_t>(s.prefix.size());
       if (bf16) {
-        amx_attention::attend_rows(qp, op, r0, rows, q_heads, h, group, kh, vh, s.prefix.data(), p, new_keys.data(),
-                                   n_new, s.visible.data(), s.count.data(), d, sc);
+        amx_attention::attend_rows(qp, op, r0, rows, q_heads, h, group, kh, vh, s.prefix.data(), p_all, own, n_own,
+                                   s.visible.data(), s.count.data(), d, sc);
         continue;
       }
 #if defined(SPECDEC_WIDE_ATTENTION)
       if (wide) {
-        wide::attend_rows(qp, op, r0, r1, q_heads, h, group, kp, vp, n_new, d, sc, s);
+        wide::attend_rows(qp, op, r0, r1, q_heads, h, group, kp, vp, n_own, d, sc, s);
         continue;
       }
 #endif
-      base::attend_rows(qp, op, r0, r1, q_heads, h, group, kp, vp, n_new, d, sc, s);
+      base::attend_rows(qp, op, r0, r1, q_heads, h, group, kp, vp, n_own, d, sc, s);
     }
   });
   return out;
