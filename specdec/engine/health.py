@@ -2,7 +2,9 @@
 
 A model with damaged weights (a corrupt GGUF converted before conversions were validated, an fp16 overflow)
 yields NaN or Inf logits. Argmax over NaN is token 0 and sampling from NaN fails obscurely, so the engine
-checks every pass and stops with a clear error instead of emitting garbage tokens with exit code 0.
+checks every pass and stops with a clear error instead of emitting garbage tokens with exit code 0. Rows that
+greedy verification reads unprocessed are checked by its argmax (`kernels.argmax_rows` gives -1 for a row with
+NaN or +Inf), on its one pass over them; this module checks the rest (`Engine._check_finite`).
 """
 
 from __future__ import annotations
