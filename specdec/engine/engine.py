@@ -148,8 +148,8 @@ class Engine:
         prefill_outs, tree_outs = self._forward(batch, trees)
         rows = self._processed(batch.decodes, trees, tree_outs)
         self._check_finite(batch.decodes, prefill_outs, tree_outs, rows)
+        results = self._verify(batch.decodes, trees, rows, tree_outs)  # NaN in what it reads: raises, nothing emitted
         touched = self._finish_prefills(batch, prefill_outs)
-        results = self._verify(batch.decodes, trees, rows, tree_outs)
         self._commit(batch.decodes, trees, tree_outs, results, timing)
         timing.committed = time.perf_counter()
         self._observe(batch, trees, results, timing)

@@ -33,3 +33,27 @@ def test_finite_logits_pass_and_empty_outputs_are_skipped():
     check_finite_logits([Out(torch.zeros(2, 5)), Out(None), Out(torch.zeros(0, 5))])
     with pytest.raises(NumericalError):
         check_finite_logits([Out(torch.zeros(2, 5)), Out(torch.tensor([[0.0, float("nan")]]))])
+
+
+def test_nan_in_a_greedy_decode_row_stops_the_step_before_a_prefill_beside_it_emits():
+    """Greedy verification's argmax is the NaN check of the rows it reads unprocessed (the engine makes no
+    other pass over them), and it runs before the step emits anything: a request whose prefill finishes in
+    the same step as the bad decode row gets no first token from that step."""
+    model = tiny_model(seed=0)
+    engine = tiny_engine(model, NoDrafter(), chain(0))
+    decoding = engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=8))
+    engine.step()  # its prefill: the first token
+    assert len(decoding.output_ids) == 1
+    arriving = engine.add_request([4, 5, 6, 7], SamplingParams(max_new_tokens=8))
+    run = engine.runner.run
+
+    def poisoned(chunks, **kwargs):
+        outs = run(chunks, **kwargs)
+        with torch.inference_mode():
+            outs[-1].logits[0, 3] = float("nan")  # the decode row (chunks: prefills first, then trees)
+        return outs
+
+    engine.runner.run = poisoned
+    with pytest.raises(NumericalError, match="NaN/Inf logits"):
+        engine.step()
+    assert len(decoding.output_ids) == 1 and arriving.output_ids == []
