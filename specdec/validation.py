@@ -191,12 +191,21 @@ def params_list(params: Any, n: int) -> list[SamplingParams]:
 # ---------------------------------------------------------------------------------------------- resources
 def check_kv_cache_dtype(model: Any, config: EngineConfig) -> None:
     """A bfloat16 cache on CPU needs the AMX tiles' attention: the torch reference would serve it, but without
-    the fixed reduction order per row that keeps greedy speculative output equal to plain output."""
-    if config.kv_cache_dtype != "bfloat16" or model.device.type != "cpu":
+    the fixed reduction order per row that keeps greedy speculative output equal to plain output. For the same
+    reason a float32 cache is refused where the model's own is float64 (an int8 model on a CPU without the
+    compiled kernels attends in float64 so that a row's result does not depend on its batch)."""
+    if model.device.type != "cpu":
         return
     import torch
 
     from specdec.kernels import cpu as cpu_kernels
+
+    if config.kv_cache_dtype == "float32" and model.kv_cache_dtype == torch.float64:
+        raise ConfigError("kv_cache_dtype='float32' needs the compiled CPU kernels for this model: without them "
+                          "its attention runs in float64, so that speculative output equals plain output; use "
+                          "'auto'", field="kv_cache_dtype")
+    if config.kv_cache_dtype != "bfloat16":
+        return
 
     if model.dtype != torch.float32 or not cpu_kernels.bf16_attention():
         raise ConfigError(f"kv_cache_dtype='bfloat16' on CPU needs a float32 or int8 model and a CPU with AMX-BF16 "

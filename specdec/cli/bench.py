@@ -34,8 +34,8 @@ def bench(
     quick: bool = typer.Option(False, help="CI size: 1 prompt per category, 16 tokens, none + ngram, 2 peers."),
     kv_cache_tokens: Optional[int] = typer.Option(None, help="KV cache per method's engine (default: the engine's; "
                                                            "smaller lets many methods share a small machine)."),
-    kv_cache_dtype: str = typer.Option("auto", help="Every method's K/V cache precision: auto or bfloat16 (on CPU "
-                                                    "needs AMX-BF16)."),
+    kv_cache_dtype: str = typer.Option("auto", help="Every method's K/V cache precision: auto, float32, or "
+                                                    "bfloat16 (on CPU needs AMX-BF16)."),
 ) -> None:
     """Bench suite: our plain decode and drafters vs transformers, per Spec-Bench category."""
     given = dict(locals())

@@ -16,9 +16,10 @@ from specdec.errors import ConfigError
 from specdec.kernels import cpu as cpu_kernels
 from specdec.models import fast_path
 from specdec.models.loader import build_model
+from specdec.models.quant import quantize_model_int8_
 from specdec.tree.spec import TreeSpec, chain
 from specdec.validation import check_kv_cache_dtype
-from tests.helpers import run_all, tiny_config, tiny_engine
+from tests.helpers import run_all, tiny_config, tiny_engine, tiny_model
 
 VOCAB = 24
 PROMPTS = [[1, 2, 3, 4, 5, 1, 2, 3], [9, 8, 7, 9, 8], [4, 4, 4, 4], list(range(1, 24)) * 3]
@@ -61,6 +62,19 @@ def test_a_bfloat16_cache_is_refused_on_a_cpu_without_amx_bf16(model, monkeypatc
     with pytest.raises(ConfigError, match="AMX-BF16"):
         check_kv_cache_dtype(model, EngineConfig(kv_cache_dtype="bfloat16"))
     check_kv_cache_dtype(model, EngineConfig())  # the model's own precision is always fine
+
+
+def test_a_float32_cache_is_refused_where_the_model_attends_in_float64(monkeypatch):
+    """An int8 model on a CPU without the compiled kernels keeps a float64 cache (its torch attention is then
+    batch-invariant); asking for float32 there would lose greedy speculative == plain output."""
+    monkeypatch.setenv("SPECDEC_CPU_KERNELS", "0")
+    int8 = tiny_model(0, vocab=64)
+    quantize_model_int8_(int8)
+    assert int8.kv_cache_dtype == torch.float64
+    with pytest.raises(ConfigError, match="float64"):
+        check_kv_cache_dtype(int8, EngineConfig(kv_cache_dtype="float32"))
+    check_kv_cache_dtype(int8, EngineConfig())
+    check_kv_cache_dtype(tiny_model(0, vocab=64), EngineConfig(kv_cache_dtype="float32"))  # a float32 model's own
 
 
 def test_an_unknown_cache_precision_is_one_clear_error():
