@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--kv-cache-dtype", default="auto", help="the target's K/V cache: auto, float32 or bfloat16")
     parser.add_argument("--out", type=Path, default=RESULTS / "heldout_tau.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -49,16 +50,18 @@ def main() -> None:
         task = progress.add_task("held-out tau", total=len(methods))
         for drafter, tree in methods:
             rows.append({"drafter": drafter, "tree": tree,
-                         **measure_tau(loaded, drafter, tree or None, prompts, args.new_tokens)})
+                         **measure_tau(loaded, drafter, tree or None, prompts, args.new_tokens,
+                                       args.kv_cache_dtype)})
             progress.advance(task)
     command = (f"python bench/heldout_tau.py --quantize {args.quantize} --per-category {args.per_category} "
-               f"--new-tokens {args.new_tokens}")
+               f"--new-tokens {args.new_tokens} --kv-cache-dtype {args.kv_cache_dtype} --methods '{args.methods}'")
     result = {"target": args.target, "prompts": len(prompts), "quantize": args.quantize, "rows": rows,
               "command": command}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"Held-out tau ({len(prompts)} test prompts, {args.new_tokens} new tokens, greedy, {args.quantize}, "
-             "full trees every step)", "", "| drafter | tree | tau |", "|---|---|---|"]
+             f"{args.kv_cache_dtype} K/V cache, full trees every step)", "", "| drafter | tree | tau |",
+             "|---|---|---|"]
     lines += [f"| {r['drafter']} | `{r['tree']}` | {r['tau']:.3f} |" for r in rows]
     lines += ["", f"Command: `{command}`", ""]
     args.out.with_suffix(".md").write_text("\n".join(lines))

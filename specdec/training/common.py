@@ -329,15 +329,16 @@ def check_run_folder(out: Path, cfg: Any, resume: bool) -> None:
 
 
 
-def measure_tau(loaded: Any, drafter: str, tree: str | None, prompts: list[str], new_tokens: int) -> dict[str, float]:
+def measure_tau(loaded: Any, drafter: str, tree: str | None, prompts: list[str], new_tokens: int,
+                kv_cache_dtype: str = "auto") -> dict[str, float]:
     """Greedy mean tokens per target step (the bonus token counted) over `prompts`, with `tree` (None: the
-    drafter's default). Adaptive speculation is off: tau measures the drafter on full trees, not the planner's
-    choices."""
+    drafter's default) and the target's K/V cache in `kv_cache_dtype` (EngineConfig's). Adaptive speculation is
+    off: tau measures the drafter on full trees, not the planner's choices."""
     from specdec.api import LLM
     from specdec.config import EngineConfig, SamplingParams
 
     llm = LLM.from_loaded(loaded, drafter=drafter, tree=tree, quantize=loaded.quantized,
-                          engine_config=EngineConfig(adaptive_speculation=False))
+                          engine_config=EngineConfig(adaptive_speculation=False, kv_cache_dtype=kv_cache_dtype))
     outputs = llm.generate(prompts, SamplingParams(max_new_tokens=new_tokens))
     tokens = sum(sum(o.metrics.accepted_per_step) for o in outputs)
     steps = sum(o.metrics.target_steps for o in outputs)
