@@ -18,8 +18,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <type_traits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "attention_amx.h"
@@ -196,9 +196,6 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
       new_keys.resize(n_new);
       for (int64_t j = 0; j < n_new; ++j) new_keys[j] = offset(p + j);
       const int64_t first = start[b];
-      auto visible = [&](int64_t t, int64_t j) {
-        return mask_words ? static_cast<bool>((mask_words[t * mask_width + j / 32] >> (j % 32)) & 1) : (j <= t - first);
-      };
       // Causal rows (prefill chunks, decode rows) all see the new keys before this block's first row: those join
       // the committed prefix, which the kernels walk once for every query of the block (the float kernel with
       // the keys in lanes) instead of once per row. Each list keeps its order (the prefix, then its own new
@@ -220,8 +217,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
           s.count[r] = r + 1;
           continue;
         }
+        const int32_t* words = mask_words + (r0 + r) * mask_width;  // a tree: the row's bits over the new keys
         for (int64_t j = 0; j < n_new; ++j)
-          if (visible(r0 + r, j)) list[s.count[r]++] = bf16 ? j : new_keys[j];
+          if ((words[j / 32] >> (j % 32)) & 1) list[s.count[r]++] = bf16 ? j : new_keys[j];
       }
       const int64_t p_all = static_cast<int64_t>(s.prefix.size());
       if (bf16) {

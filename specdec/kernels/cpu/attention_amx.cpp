@@ -17,8 +17,9 @@
 // a query sits at step i / 32 and lane i % 32 however the query is batched, so its row of every tile product
 // sees the same operands in the same order, and a tile product's row depends on nothing but its own operands:
 // a row's output is the same bits alone, in a batch, as a tree node or as a prefill row, the contract of the
-// float32 kernel (tests/kernels/test_cpu_kernels.py holds this one to it). Entries past a list's end have weight 0; adding a zero product
-// leaves a sum unchanged (short of float32 denormals, which attention weights times values do not produce).
+// float32 kernel (tests/kernels/test_cpu_kernels.py holds this one to it). Entries past a list's end have
+// weight 0; adding a zero product leaves a sum unchanged (short of float32 denormals, which attention weights
+// times values do not produce).
 //
 // How the list is walked: a row whose visible new keys are the first m in node order (a decode row, a chain's
 // nodes, prefill rows) has a list that is a prefix of one shared list, the committed keys then every new key
@@ -284,9 +285,9 @@ void attend_rows(const float* q, float* out, int64_t r0, int64_t rows, int64_t q
     const bool largest = c >= 0;
     __m512 top = _mm512_set1_ps(largest ? -INFINITY : INFINITY);
     for (int64_t j = 0; j < len; j += kT) {
-      const __m512 v = _mm512_maskz_loadu_ps(live_lanes(len - j), x + j);
-      top = largest ? _mm512_mask_max_ps(top, live_lanes(len - j), top, v)
-                    : _mm512_mask_min_ps(top, live_lanes(len - j), top, v);
+      const __mmask16 live = live_lanes(len - j);
+      const __m512 v = _mm512_maskz_loadu_ps(live, x + j);
+      top = largest ? _mm512_mask_max_ps(top, live, top, v) : _mm512_mask_min_ps(top, live, top, v);
     }
     const __m512 offset = _mm512_set1_ps(-(largest ? _mm512_reduce_max_ps(top) : _mm512_reduce_min_ps(top)) * c);
     __m512 sum = _mm512_setzero_ps();

@@ -97,11 +97,14 @@ const float* scale_ptr(const c10::optional<at::Tensor>& scale, int64_t rows) {
   return scale->data_ptr<float>();
 }
 
-float abs_max(const float* h, int64_t n) {
+// `wide`: sixteen lanes first (AVX-512; a maximum is exact, so the same value).
+float abs_max(const float* h, int64_t n, bool wide) {
   vf m = splat(0.0f);
   int64_t i = 0;
 #if defined(SPECDEC_WIDE_SILU)
-  if (n >= 16 && isa::avx512()) m = splat(wide_silu::abs_max16(h, n, i));
+  if (n >= 16 && wide) m = splat(wide_silu::abs_max16(h, n, i));
+#else
+  (void)wide;
 #endif
   for (; i + kLanes <= n; i += kLanes) {
     vf v = load(h + i);
@@ -122,7 +125,7 @@ struct Output {
   float* gsum = nullptr;  // mode 2: [T, n / 32]
   std::vector<at::Tensor> tensors;
 
-  bool wide = isa::avx512();  // the sixteen-lane quantization (the same bits)
+  bool wide = isa::avx512();  // the sixteen-lane max|h| and quantization (the same bits)
 
   Output(int mode_, int64_t rows, int64_t n_, const at::TensorOptions& opt) : mode(mode_), n(n_) {
     TORCH_CHECK(mode >= 0 && mode <= 2, "mode must be 0 (float), 1 (rowscale) or 2 (q8)");
@@ -153,7 +156,7 @@ struct Output {
 
   void finish(int64_t r, float* hr) {
     if (mode == 0) return;
-    const float mx = abs_max(hr, n);
+    const float mx = abs_max(hr, n, wide);
     if (mode == 1) {
       const vf d = splat(mx);
       int64_t i = 0;

@@ -51,10 +51,6 @@ inline int64_t first_of_largest(const float* best, const int32_t* where, int64_t
   return bad ? -1 : at_;
 }
 
-}  // namespace specdec
-
-namespace specdec {
-
 // The softmax normalizer's terms exp(x - max) as 2^t, t = x log2(e) - max log2(e) (one multiply-add; t <= 0): a
 // degree-5 polynomial on t's fraction, within 3e-7 of 2^f relative, scaled by 2^round(t) through the exponent
 // bits; 0 below 2^-125. Half the work of vexp (Cephes, 2 ulp), which made the sum most of a row's 16 us:
