@@ -102,8 +102,8 @@ def quantize(x: Tensor, mode: int) -> list[Tensor]:
 
 
 def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None,
-              weight_bits: int = 8, w_amx: Tensor | None = None) -> Tensor:
-    return _elementwise(s).linear_q8(q, s, w, w_scale, bias, weight_bits, w_amx)
+              weight_bits: int = 8, w_blocks: Tensor | None = None) -> Tensor:
+    return _elementwise(s).linear_q8(q, s, w, w_scale, bias, weight_bits, w_blocks)
 
 
 def linear_q4(q: Tensor, s: Tensor, gsum: Tensor, w: Tensor, d: Tensor, m_t: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -308,14 +308,15 @@ def unpack_q4(w_tiles: Tensor, d_tiles: Tensor, n: int) -> tuple[Tensor, Tensor]
 AMX_BLOCK, AMX_CHUNK = 16, 64  # output channels and inputs of one AMX weight block (a B tile)
 
 
-def pack_q8_amx(tiles: Tensor, n: int) -> Tensor:
-    """`pack_q8` tiles of int8 weights W `[N, K]` -> the AMX kernel's copy, flat `[ceil(N / 16) * 16 * K]`: per
-    block of 16 channels, per step of 64 inputs (in order), a tile of 16 rows of 64 bytes whose row i holds
-    inputs 4i .. 4i + 3 of each of the 16 channels (tdpbssd's B operand). Padding channels are 0. K must be a
-    multiple of 64."""
+def pack_q8_blocks(tiles: Tensor, n: int) -> Tensor:
+    """`pack_q8` tiles of int8 weights W `[N, K]` -> the copy in blocks of 16 channels, flat `[ceil(N / 16) * 16 *
+    K]`: per block of 16 channels, per step of 64 inputs (in order), a tile of 16 rows of 64 bytes whose row i
+    holds inputs 4i .. 4i + 3 of each of the 16 channels (tdpbssd's B operand for the AMX kernel; for the VNNI
+    kernel, one register of 16 channels' 4 weights a line). Padding channels are 0. K must be a multiple of
+    64."""
     k = tiles.shape[1]
     if k % AMX_CHUNK:
-        raise ValueError(f"the AMX layout needs K divisible by {AMX_CHUNK}, got {k}")
+        raise ValueError(f"the blocked layout needs K divisible by {AMX_CHUNK}, got {k}")
     blocks = -(-n // AMX_BLOCK)
     w = torch.zeros(blocks * AMX_BLOCK, k, dtype=torch.int8)
     w[:n] = unpack_q8(tiles, n)
@@ -325,11 +326,11 @@ def pack_q8_amx(tiles: Tensor, n: int) -> Tensor:
 
 
 def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None,
-              weight_bits: int = 8, w_amx: Tensor | None = None) -> Tensor:
+              weight_bits: int = 8, w_blocks: Tensor | None = None) -> Tensor:
     """int8 rows `q [T, K]` (x ~ q * s) times int8 weights (`pack_q8` tiles of W ~ w * w_scale[:, None]): the
     exact integer dot, then `acc * (s * w_scale) + bias` in float32, the compiled kernel's rounding step for step.
-    `weight_bits=7` promises weights in [-63, 63] (the compiled kernel's faster AVX2 path relies on it). `w_amx`
-    (`pack_q8_amx` of the same weights, for the compiled kernel's AMX path) changes nothing here."""
+    `weight_bits=7` promises weights in [-63, 63] (the compiled kernel's faster AVX2 path relies on it). `w_blocks`
+    (`pack_q8_blocks` of the same weights, for the compiled kernel's AMX and VNNI paths) changes nothing here."""
     w = unpack_q8(w, w_scale.numel())
     if weight_bits == 7 and w.abs().max() > 63:
         raise ValueError("weight_bits=7 needs weights in [-63, 63]")

@@ -100,7 +100,7 @@ def _linear_params(linear: nn.Module) -> tuple[int, list[Tensor | None]] | None:
     """(kind, [a, b, c, bias]) of a linear for decode_layers, or None if it has no such form (fbgemm)."""
     if isinstance(linear, QLinear):
         if linear.bits != 4:  # kind 8 or 7: the weight bits
-            return linear.bits, [linear.weight, linear.weight_scale, linear.weight_amx, linear.bias]
+            return linear.bits, [linear.weight, linear.weight_scale, linear.weight_blocks, linear.bias]
         return 4, [linear.weight, linear.d, linear.m_t, linear.bias]
     if type(linear) is nn.Linear:
         return 0, [linear.weight, None, None, linear.bias]

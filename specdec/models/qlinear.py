@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from specdec import kernels
 from specdec.kernels import cpu as cpu_kernels
-from specdec.kernels.reference import AMX_CHUNK, GROUP, pack_q4, pack_q8, pack_q8_amx, unpack_q4, unpack_q8
+from specdec.kernels.reference import AMX_CHUNK, GROUP, pack_q4, pack_q8, pack_q8_blocks, unpack_q4, unpack_q8
 from specdec.models.quant import quantize_weight_per_channel
 
 __all__ = ["QLinear", "quantize_weight_q4"]
@@ -69,11 +69,12 @@ class QLinear(nn.Module):
         self.register_buffer("weight", weight)
         if bits != 4:
             self.register_buffer("weight_scale", scales[0])
-            # The AMX kernel's own copy of the weights, where the kernels run at the "amx" level: one more byte
-            # a weight, for verified rows whose linears cost no more than one row's (qlinear_amx.cpp). Not
-            # saved: it is rebuilt from `weight` on load.
-            amx = in_features % AMX_CHUNK == 0 and cpu_kernels.flat_verified_rows()
-            self.register_buffer("weight_amx", pack_q8_amx(weight, out_features) if amx else None, persistent=False)
+            # The weights again in blocks of 16 channels, for the AMX tiles and the VNNI kernel with channels in
+            # lanes (qlinear_amx.cpp, qlinear_vnni.cpp): one more byte a weight, for verified rows that cost the
+            # linears little more than one row. Not saved: it is rebuilt from `weight` on load.
+            blocked = in_features % AMX_CHUNK == 0 and cpu_kernels.blocked_weights()
+            self.register_buffer("weight_blocks", pack_q8_blocks(weight, out_features) if blocked else None,
+                                 persistent=False)
         else:
             self.register_buffer("d", scales[0])
             self.register_buffer("m_t", scales[1])
@@ -111,7 +112,7 @@ class QLinear(nn.Module):
         """The output `[T, out]` for rows already in form Q8 (`[q, s, gsum]`, see specdec.kernels.reference)."""
         q, s, gsum = act
         if self.bits != 4:
-            return kernels.linear_q8(q, s, self.weight, self.weight_scale, self.bias, self.bits, self.weight_amx)
+            return kernels.linear_q8(q, s, self.weight, self.weight_scale, self.bias, self.bits, self.weight_blocks)
         return kernels.linear_q4(q, s, gsum, self.weight, self.d, self.m_t, self.bias)
 
     def forward(self, x: Tensor) -> Tensor:

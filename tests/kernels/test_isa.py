@@ -1,9 +1,9 @@
 """The AVX-512 and AMX paths of the compiled CPU kernels give the AVX2 paths' bits, so which instruction set a
-machine has never changes a token: the int8 and int4 linears' VNNI tiles (qlinear_vnni.cpp: the same exact
-integer sums), the int8 linears' AMX tiles (qlinear_amx.cpp: the same again, on their own copy of the weights)
-and attention's three-heads-at-a-time blocks (attention_rows.h: the same multiply-adds per query and key, in the
-same order). The comparisons run where the CPU has AVX-512, or AMX; the switch and the AMX weight layout are
-checked everywhere."""
+machine has never changes a token: the int8 and int4 linears' VNNI tiles and the int8 linears' VNNI blocks
+(qlinear_vnni.cpp: the same exact integer sums), the int8 linears' AMX tiles (qlinear_amx.cpp: the same again;
+both blocked kernels on a second copy of the weights) and attention's three-heads-at-a-time blocks
+(attention_rows.h: the same multiply-adds per query and key, in the same order). The comparisons run where the
+CPU has AVX-512, or AMX; the switch and the blocked weight layout are checked everywhere."""
 
 from __future__ import annotations
 
@@ -90,6 +90,60 @@ def test_vnni_q8_tiles_equal_avx2_and_the_reference(rows, k, n):
 
 
 @needs_avx512
+@pytest.mark.parametrize("bits", [8, 7])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 33])
+@pytest.mark.parametrize("k,n", [(64, 13), (576, 72), (1536, 40)])
+def test_vnni_q8_blocks_equal_avx2_and_the_reference(bits, rows, k, n):
+    """The VNNI kernel with channels in lanes, on the blocked copy: row counts cover every pass size (1-8) and
+    passes of eight with a rest; n = 13 and 40 leave a block partly padding."""
+    from specdec.models.quant import quantize_weight_per_channel
+
+    gen = torch.Generator().manual_seed(rows + k + bits)
+    w, w_scale = quantize_weight_per_channel(torch.randn(n, k, generator=gen), bits)
+    q, s, _ = reference.quantize(torch.randn(rows, k, generator=gen) * 4, Q8)
+    tiles, bias = reference.pack_q8(w), torch.randn(n, generator=gen)
+    blocks = reference.pack_q8_blocks(tiles, n)
+    slow, fast = _both(lambda: cpu.linear_q8(q, s, tiles, w_scale, bias, bits, blocks))
+    assert torch.equal(fast, slow)
+    assert torch.equal(fast, reference.linear_q8(q, s, tiles, w_scale, bias, bits))
+
+
+@needs_avx512
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 18])
+def test_vnni_q8_blocks_are_exact_at_the_extremes(rows):
+    """Every product at its largest magnitude over 8,960 inputs (Qwen's down projection), at each pass size's
+    accumulator count (four sets for two rows, two for five, one for eight): no saturation, no lost term."""
+    k, n = 8960, 20
+    q = torch.full((18, k), -127, dtype=torch.int8)
+    q[1::3] = 127
+    q[2::3, ::2] = 127
+    w = torch.full((n, k), 127, dtype=torch.int8)
+    w[1::2] = -127
+    w[2, 1::3] = -128 + 1
+    tiles = reference.pack_q8(w)
+    with _isa("avx512"):
+        out = cpu.linear_q8(q[:rows], torch.ones(rows, 1), tiles, torch.ones(n), None, 8,
+                            reference.pack_q8_blocks(tiles, n))
+    assert torch.equal(out, (q[:rows].long() @ w.long().T).float())
+
+
+@needs_avx512
+def test_the_vnni_level_reads_the_blocked_copy_at_every_row_count():
+    """A copy that disagrees with the tiles shows in the output at the avx512 level (so the comparisons above
+    measured the blocked kernel, not a silent fallback to the tiles), and the avx2 level ignores it."""
+    w = torch.randint(-127, 128, (32, 64), dtype=torch.int8, generator=torch.Generator().manual_seed(5))
+    tiles, w_scale = reference.pack_q8(w), torch.ones(32)
+    wrong = reference.pack_q8_blocks(reference.pack_q8(-w), 32)
+    for rows in (1, 3, 9):
+        q, s, _ = reference.quantize(torch.randn(rows, 64), Q8)
+        expected = reference.linear_q8(q, s, tiles, w_scale)
+        with _isa("avx512"):
+            assert torch.equal(cpu.linear_q8(q, s, tiles, w_scale, None, 8, wrong), -expected)
+        with _isa("avx2"):
+            assert torch.equal(cpu.linear_q8(q, s, tiles, w_scale, None, 8, wrong), expected)
+
+
+@needs_avx512
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9, 13])
 @pytest.mark.parametrize("k,n", [(64, 13), (576, 72)])
 def test_vnni_q4_tiles_equal_avx2(rows, k, n):
@@ -142,12 +196,12 @@ def test_the_amx_layout_holds_each_tile_in_tdpbssd_order():
     """Block b, step j, row i, column 4c + t holds W[16b + c, 64j + 4i + t]; padding channels are 0."""
     n, k = 21, 128
     w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=torch.Generator().manual_seed(3))
-    packed = reference.pack_q8_amx(reference.pack_q8(w), n).view(2, k // 64, 16, 64)
+    packed = reference.pack_q8_blocks(reference.pack_q8(w), n).view(2, k // 64, 16, 64)
     for b, j, i, c, t in [(0, 0, 0, 0, 0), (0, 1, 5, 7, 3), (1, 0, 15, 4, 2), (1, 1, 9, 0, 1)]:
         assert packed[b, j, i, 4 * c + t] == w[16 * b + c, 64 * j + 4 * i + t]
     assert not packed[1, :, :, 4 * (n - 16):].any()
     with pytest.raises(ValueError, match="divisible by 64"):
-        reference.pack_q8_amx(reference.pack_q8(w[:, :96]), n)
+        reference.pack_q8_blocks(reference.pack_q8(w[:, :96]), n)
 
 
 @needs_amx
@@ -163,8 +217,8 @@ def test_amx_q8_tiles_equal_vnni_and_the_reference(bits, rows, k, n):
     w, w_scale = quantize_weight_per_channel(torch.randn(n, k, generator=gen), bits)
     q, s, _ = reference.quantize(torch.randn(rows, k, generator=gen) * 4, Q8)
     tiles, bias = reference.pack_q8(w), torch.randn(n, generator=gen)
-    w_amx = reference.pack_q8_amx(tiles, n)
-    vnni, amx = _both(lambda: cpu.linear_q8(q, s, tiles, w_scale, bias, bits, w_amx), "avx512", "amx")
+    w_blocks = reference.pack_q8_blocks(tiles, n)
+    vnni, amx = _both(lambda: cpu.linear_q8(q, s, tiles, w_scale, bias, bits, w_blocks), "avx512", "amx")
     assert torch.equal(amx, vnni)
     assert torch.equal(amx, reference.linear_q8(q, s, tiles, w_scale, bias, bits))
 
@@ -182,14 +236,14 @@ def test_amx_q8_is_exact_at_the_extremes():
     w[2, 1::3] = -128 + 1
     tiles = reference.pack_q8(w)
     _, amx = _both(lambda: cpu.linear_q8(q, torch.ones(18, 1), tiles, torch.ones(n), None, 8,
-                                         reference.pack_q8_amx(tiles, n)), "avx512", "amx")
+                                         reference.pack_q8_blocks(tiles, n)), "avx512", "amx")
     assert torch.equal(amx, (q.long() @ w.long().T).float())
 
 
-@needs_amx
-def test_qlinear_carries_the_amx_copy_only_where_it_runs():
-    """A layer built at the amx level packs its weights for it (and gives the same output at every level); one
-    built at avx512 carries no copy; in_features not divisible by 64 never does."""
+@needs_avx512
+def test_qlinear_carries_the_blocked_copy_only_where_it_runs():
+    """A layer built at the avx512 or amx level packs its weights in blocks (and gives the same output at every
+    level); one built at avx2 carries no copy; in_features not divisible by 64 never does."""
     from specdec.models.qlinear import QLinear
 
     linear = torch.nn.Linear(128, 40)
@@ -197,25 +251,29 @@ def test_qlinear_carries_the_amx_copy_only_where_it_runs():
     with _isa("amx"):
         layer = QLinear.from_linear(linear)
         odd = QLinear.from_linear(torch.nn.Linear(96, 8))
-        assert layer.weight_amx is not None and odd.weight_amx is None
-        assert "weight_amx" not in layer.state_dict()
-        amx = layer(x)
+        assert layer.weight_blocks is not None and odd.weight_blocks is None
+        assert "weight_blocks" not in layer.state_dict()
+        best = layer(x)
+    with _isa("avx2"):
+        assert QLinear.from_linear(linear).weight_blocks is None
+        assert torch.equal(layer(x), best)
     with _isa("avx512"):
-        assert QLinear.from_linear(linear).weight_amx is None
-        assert torch.equal(layer(x), amx)
+        assert QLinear.from_linear(linear).weight_blocks is not None
+        assert torch.equal(layer(x), best)
 
 
 @needs_amx
-def test_the_amx_tiles_run_from_two_rows_and_read_their_own_copy():
-    """A copy that disagrees with the tiles shows in the output from two rows on (so the comparisons above
-    measured the AMX path, not a silent fallback), and not at one row, which takes the VNNI tile."""
+def test_the_amx_level_reads_the_blocked_copy_at_every_row_count():
+    """A copy that disagrees with the tiles shows in the output at one row (the VNNI kernel with channels in
+    lanes) and from two rows on (the AMX tiles), so the comparisons above measured the blocked paths, not a
+    silent fallback to the tiles."""
     w = torch.randint(-127, 128, (32, 64), dtype=torch.int8, generator=torch.Generator().manual_seed(5))
     tiles, w_scale = reference.pack_q8(w), torch.ones(32)
-    wrong = reference.pack_q8_amx(reference.pack_q8(-w), 32)
+    wrong = reference.pack_q8_blocks(reference.pack_q8(-w), 32)
     q, s, _ = reference.quantize(torch.randn(2, 64), Q8)
     with _isa("amx"):
         assert torch.equal(cpu.linear_q8(q[:1], s[:1], tiles, w_scale, None, 8, wrong),
-                           reference.linear_q8(q[:1], s[:1], tiles, w_scale))
+                           -reference.linear_q8(q[:1], s[:1], tiles, w_scale))
         assert torch.equal(cpu.linear_q8(q, s, tiles, w_scale, None, 8, wrong),
                            -reference.linear_q8(q, s, tiles, w_scale))
 

@@ -30,7 +30,7 @@ from torch import Tensor
 from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: one torch op each already
 
 __all__ = ["argmax_rows", "available", "bf16_attention", "copy_kv_layers", "copy_kv_slots", "decode_attention",
-           "decode_layers", "flat_verified_rows", "isa", "linear_q4", "linear_q8", "paged_attention", "quantize",
+           "blocked_weights", "decode_layers", "flat_verified_rows", "isa", "linear_q4", "linear_q8", "paged_attention", "quantize",
            "recycle_best_first", "recycle_expand", "recycle_write", "rms_norm", "rope_kv", "silu_mul", "top_k_probs",
            "write_kv"]
 SOURCES = ("attention.cpp", "attention_amx.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp",
@@ -155,8 +155,8 @@ def quantize(x: Tensor, mode: int) -> list[Tensor]:
 
 
 def linear_q8(q: Tensor, s: Tensor, w: Tensor, w_scale: Tensor, bias: Tensor | None = None,
-              weight_bits: int = 8, w_amx: Tensor | None = None) -> Tensor:
-    return torch.ops.specdec_cpu.linear_q8(q, s, w, w_scale, bias, weight_bits, w_amx)
+              weight_bits: int = 8, w_blocks: Tensor | None = None) -> Tensor:
+    return torch.ops.specdec_cpu.linear_q8(q, s, w, w_scale, bias, weight_bits, w_blocks)
 
 
 def isa(request: str = "") -> str:
@@ -182,9 +182,15 @@ def bf16_attention() -> bool:
 
 def flat_verified_rows() -> bool:
     """Whether extra verified rows cost the int8 linears next to nothing here: the kernels run at the "amx" level
-    (up to 16 rows for the price of one). `QLinear` then packs the AMX copy of its weights, and drafters whose
-    best tree depends on that price read it."""
+    (up to 16 rows for the price of one). Drafters whose best tree depends on that price read it."""
     return available() and isa() == "amx"
+
+
+def blocked_weights() -> bool:
+    """Whether `QLinear` packs a second copy of its int8 weights in blocks of 16 channels
+    (`reference.pack_q8_blocks`): at the "amx" level for its tiles, at "avx512" for the VNNI kernel that holds
+    16 channels in a register's lanes (qlinear_vnni.cpp), one more byte a weight either way."""
+    return available() and isa() in ("amx", "avx512")
 
 
 def linear_q4(q: Tensor, s: Tensor, gsum: Tensor, w: Tensor, d: Tensor, m_t: Tensor, bias: Tensor | None = None) -> Tensor:

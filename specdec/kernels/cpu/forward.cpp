@@ -66,7 +66,7 @@ at::Tensor linear(const std::vector<at::Tensor>& act, int64_t kind, const std::v
   get(params, base + 2, c);
   get(params, base + 3, bias);
   if (kind == 0) return at::linear(act[0], a, maybe(bias));
-  if (kind == 8 || kind == 7) return ops::linear_q8(act[0], act[1], a, b, maybe(bias), kind, maybe(c));  // c: AMX
+  if (kind == 8 || kind == 7) return ops::linear_q8(act[0], act[1], a, b, maybe(bias), kind, maybe(c));  // c: blocks
   TORCH_CHECK(kind == 4, "unknown linear kind ", kind);
   return ops::linear_q4(act[0], act[1], act[2], a, b, c, maybe(bias));
 }

@@ -23,7 +23,7 @@ at::Tensor rope_kv(const at::Tensor& qkv, const c10::optional<at::Tensor>& scale
                    at::Tensor v_cache, const at::Tensor& slot_mapping, int64_t q_heads, int64_t kv_heads);
 at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor& w, const at::Tensor& w_scale,
                      const c10::optional<at::Tensor>& bias, int64_t weight_bits = 8,
-                     const c10::optional<at::Tensor>& w_amx = c10::nullopt);
+                     const c10::optional<at::Tensor>& w_blocks = c10::nullopt);
 at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor& gsum, const at::Tensor& w,
                      const at::Tensor& d, const at::Tensor& m_t, const c10::optional<at::Tensor>& bias);
 

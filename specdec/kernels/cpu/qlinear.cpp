@@ -144,7 +144,7 @@ void tile_rows(const int8_t* qp, const int32_t* qsum, int64_t rows, int64_t k, c
 
 at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor& w, const at::Tensor& w_scale,
                      const c10::optional<at::Tensor>& bias, int64_t weight_bits,
-                     const c10::optional<at::Tensor>& w_amx) {
+                     const c10::optional<at::Tensor>& w_blocks) {
   TORCH_CHECK(weight_bits == 8 || weight_bits == 7, "weight_bits must be 8 or 7");
   const int64_t n = w_scale.numel(), rows = q.size(0);
   const int64_t tiles = (n + kTile - 1) / kTile;
@@ -160,15 +160,20 @@ at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
   const float* sp = s.data_ptr<float>();
   const float* ws = w_scale.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // The same weights in AMX blocks (qlinear_amx.cpp), for two rows or more: one row is bound by memory either
-  // way, and the VNNI tile streams it 4% faster (no 16-row activation tiles to load; bench/int8_rows.py).
-  if (rows >= 2 && w_amx.has_value() && w_amx->defined() && isa::amx()) {
-    const int64_t blocks = (n + amx::kBlock - 1) / amx::kBlock;
-    TORCH_CHECK(w_amx->scalar_type() == at::kChar && w_amx->is_contiguous() && k % amx::kChunk == 0 &&
-                    w_amx->numel() == blocks * amx::kBlock * k,
-                "w_amx must be int8 blocks [ceil(N / 16) * 16 * K] with K divisible by 64 "
-                "(specdec.kernels.reference.pack_q8_amx)");
-    const int8_t* ap = w_amx->data_ptr<int8_t>();
+  // The same weights in blocks of 16 channels (pack_q8_blocks), where the kernels run at the "avx512" or "amx"
+  // level: AMX tiles (qlinear_amx.cpp) for two rows or more, and VNNI with the channels in lanes
+  // (qlinear_vnni.cpp's q8_blocks) otherwise, whose one sequential stream reads a lone row's weights faster
+  // than the 4-channel tiles do.
+  const bool vnni = isa::avx512();
+  const bool blocked = vnni && w_blocks.has_value() && w_blocks->defined();
+  const int64_t blocks = (n + amx::kBlock - 1) / amx::kBlock;
+  if (blocked)
+    TORCH_CHECK(w_blocks->scalar_type() == at::kChar && w_blocks->is_contiguous() && k % amx::kChunk == 0 &&
+                    w_blocks->numel() == blocks * amx::kBlock * k,
+                "w_blocks must be int8 blocks [ceil(N / 16) * 16 * K] with K divisible by 64 "
+                "(specdec.kernels.reference.pack_q8_blocks)");
+  if (blocked && rows >= 2 && isa::amx()) {
+    const int8_t* ap = w_blocks->data_ptr<int8_t>();
     std::vector<int8_t> padded(qp, qp + rows * k);  // then rows of zeros to whole 16-row tiles
     padded.resize((rows + amx::kBlock - 1) / amx::kBlock * amx::kBlock * k, 0);
     at::parallel_for(0, blocks, kColBlock / amx::kBlock, [&](int64_t begin, int64_t end) {
@@ -177,11 +182,17 @@ at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
     return y;
   }
   constexpr int64_t kTilesPerTask = kColBlock / kTile;
-  const bool vnni = isa::avx512();
-  // the correction term of the VNNI tiles (qlinear_vnni.cpp) and of the 7-bit ones
+  // the correction term of the VNNI kernels (qlinear_vnni.cpp) and of the 7-bit tiles
   std::vector<int32_t> qsum(vnni || weight_bits == 7 ? rows : 0);
   for (int64_t r = 0; r < static_cast<int64_t>(qsum.size()); ++r)
     for (int64_t i = 0; i < k; ++i) qsum[r] += qp[r * k + i];
+  if (blocked) {
+    const int8_t* ap = w_blocks->data_ptr<int8_t>();
+    at::parallel_for(0, blocks, kColBlock / amx::kBlock, [&](int64_t begin, int64_t end) {
+      vnni::q8_blocks(qp, qsum.data(), rows, k, ap, sp, ws, b, begin, end, n, yp);
+    });
+    return y;
+  }
   at::parallel_for(0, (tiles + kTilesPerTask - 1) / kTilesPerTask, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin * kTilesPerTask; t < std::min(tiles, end * kTilesPerTask); ++t) {
       const int8_t* wt = wp + t * kTile * k;
@@ -335,8 +346,8 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
 namespace ops {
 at::Tensor linear_q8(const at::Tensor& q, const at::Tensor& s, const at::Tensor& w, const at::Tensor& w_scale,
                      const c10::optional<at::Tensor>& bias, int64_t weight_bits,
-                     const c10::optional<at::Tensor>& w_amx) {
-  return specdec::linear_q8(q, s, w, w_scale, bias, weight_bits, w_amx);
+                     const c10::optional<at::Tensor>& w_blocks) {
+  return specdec::linear_q8(q, s, w, w_scale, bias, weight_bits, w_blocks);
 }
 at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor& gsum, const at::Tensor& w,
                      const at::Tensor& d, const at::Tensor& m_t, const c10::optional<at::Tensor>& bias) {
@@ -346,7 +357,7 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
 }  // namespace specdec
 
 TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {
-  m.def("linear_q8(Tensor q, Tensor s, Tensor w, Tensor w_scale, Tensor? bias, int weight_bits=8, Tensor? w_amx=None) "
+  m.def("linear_q8(Tensor q, Tensor s, Tensor w, Tensor w_scale, Tensor? bias, int weight_bits=8, Tensor? w_blocks=None) "
         "-> Tensor");
   m.def("linear_q4(Tensor q, Tensor s, Tensor gsum, Tensor w, Tensor d, Tensor m_t, Tensor? bias) -> Tensor");
   m.impl("linear_q8", c10::DispatchKey::CPU, &specdec::linear_q8);

@@ -6,10 +6,10 @@
 // written on, 8 rows of SmolLM2's linears cost 1.25x one row); a tile takes 1 to 16 rows for the same
 // instructions, so the weights' trip from memory is the whole cost at any row count up to 16 (1.02-1.04x at 8).
 //
-// The weights are a second copy in their own layout (specdec.kernels.reference.pack_q8_amx, built at load by
-// QLinear where the CPU has AMX): per block of 16 channels and 64 inputs, the tile's 16 rows of 64 bytes, row
-// i holding inputs 4i .. 4i + 3 of each channel in turn, blocks in input order, so each block of channels is
-// one sequential stream. The activations are read in place (q [rows, k] is row-major).
+// The weights are a second copy in their own layout (specdec.kernels.reference.pack_q8_blocks, built at load by
+// QLinear where the CPU has AVX-512 VNNI or AMX; the VNNI kernel reads it for one row): per block of 16 channels
+// and 64 inputs, the tile's 16 rows of 64 bytes, row i holding inputs 4i .. 4i + 3 of each channel in turn,
+// blocks in input order, so each block of channels is one sequential stream. The activations are read in place (q [rows, k] is row-major).
 //
 // Same bits as the other paths: tdpbssd multiplies signed bytes by signed bytes exactly and sums in int32,
 // so each dot is the exact integer every path computes (no 128-offset needed), and the float steps after it

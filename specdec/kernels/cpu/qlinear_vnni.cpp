@@ -21,6 +21,8 @@
 
 #include "vec.h"
 
+#include <algorithm>
+
 #if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)  // the build adds -mavx2 on x86 CPUs with AVX
 #define SPECDEC_VNNI 1
 #include <immintrin.h>
@@ -41,12 +43,19 @@ constexpr int kTile = 4;
 // best of 0, 2, 4, 6, 8 and 16 (bench/int8_rows.py at 1, 4 and 8 rows, rebuilt for each distance).
 constexpr int kAhead = 6;
 constexpr int kAheadQ4 = 4;  // int4 tiles ahead (a tile of four channels: 2k bytes)
+constexpr int64_t kBlock = 16;  // channels of a block of the AMX layout (q8_blocks)
 
 // acc += the four-product sums of a (unsigned bytes) and b (signed bytes), lane by lane. Inline assembly, not
 // _mm512_dpbusd_epi32: GCC 12 ties that intrinsic's accumulator to registers 0-15 and, with sixteen
 // accumulators live, copies each one out and back around every instruction (three instructions where one
 // does, measured as half the speed); "+v" lets the accumulators stay in any of the 32 registers.
 inline void dpbusd(__m512i& acc, __m512i a, __m512i b) { asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b)); }
+
+// acc += the four-product sums of a (unsigned bytes) and the four signed bytes at p in every lane: the
+// instruction's own broadcast of a memory operand ({1to16}), no separate broadcast or load instruction.
+inline void dpbusd_bcast(__m512i& acc, __m512i a, const int32_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*p));
+}
 
 // One row's 32 activations in both halves of a register (both channels of a register see the same inputs).
 inline __m512i broadcast32(const int8_t* p) {
@@ -162,7 +171,75 @@ void q4_tile(const int8_t* qs, int64_t k, const uint8_t* wt, const c10::Half* dt
   }
 }
 
+// Channels in lanes: the AMX kernel's copy of the weights (reference.pack_q8_blocks: per block of 16 channels,
+// per 4 inputs, one 64-byte line holding those 4 inputs of each of the 16 channels) gives a register of 16
+// channels' 4 weights, so one vpdpbusd takes a row's 4 inputs (broadcast by the instruction from memory) into 16
+// channels' accumulators at once, and the totals need no reduction across lanes. The tile layout above needs a
+// 256-bit broadcast per 128 products and a reduction of every accumulator at the end of each 4-channel tile.
+// One block at a time keeps the weights one sequential stream (two blocks side by side, two streams, cost 1.3x
+// at one row). Few rows would wait on the multiply's latency with one accumulator a row, so they keep S sets
+// of accumulators for successive lines (integer sums: the order of adding cannot change the result).
+template <int R>
+void q8_block_tile(const int8_t* q, const int32_t* qsum, int64_t k, const int8_t* wb, const float* s,
+                   const float* ws, const float* b, int64_t c0, int64_t n, float* y) {
+  constexpr int S = R <= 2 ? 4 : R <= 4 ? 2 : 1;
+  __m512i acc[S][R];
+#pragma GCC unroll 8
+  for (int u = 0; u < S; ++u)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[u][r] = _mm512_setzero_si512();
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t i = 0; i < k / 4; i += S) {  // k / 4 is a multiple of 16
+#pragma GCC unroll 4
+    for (int u = 0; u < S; ++u) {
+      const __m512i w = _mm512_xor_si512(_mm512_loadu_si512(wb + (i + u) * 64), flip);  // as w + 128
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+        dpbusd_bcast(acc[u][r], w, reinterpret_cast<const int32_t*>(q + r * k + 4 * (i + u)));
+    }
+  }
+  const int64_t width = std::min<int64_t>(kBlock, n - c0);
+  const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1);
+  const __m512 w = _mm512_maskz_loadu_ps(mask, ws + c0);
+  const __m512 bias = b ? _mm512_maskz_loadu_ps(mask, b + c0) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {  // float(dot) * (s * ws) (+ b): the tile path's steps, 16 channels at once
+    __m512i total = acc[0][r];
+#pragma GCC unroll 4
+    for (int u = 1; u < S; ++u) total = _mm512_add_epi32(total, acc[u][r]);
+    const __m512i dot = _mm512_sub_epi32(total, _mm512_set1_epi32(128 * qsum[r]));
+    __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(_mm512_set1_ps(s[r]), w));
+    if (b) v = _mm512_add_ps(v, bias);
+    _mm512_mask_storeu_ps(y + r * n + c0, mask, v);
+  }
+}
+
 }  // namespace
+
+// Rows eight at a time (the block's weights then come from cache for the next eight), the rest in one pass.
+void q8_blocks(const int8_t* q, const int32_t* qsum, int64_t rows, int64_t k, const int8_t* wp, const float* s,
+               const float* ws, const float* b, int64_t cb0, int64_t cb1, int64_t n, float* y) {
+  for (int64_t cb = cb0; cb < cb1; ++cb) {
+    const int8_t* wb = wp + cb * kBlock * k;
+    const int64_t c0 = cb * kBlock;
+    for (int64_t r = 0; r < rows;) {
+      const int64_t m = std::min<int64_t>(rows - r, 8);
+      const int8_t* qr = q + r * k;
+      float* yr = y + r * n;
+      switch (m) {
+        case 8: q8_block_tile<8>(qr, qsum + r, k, wb, s + r, ws, b, c0, n, yr); break;
+        case 7: q8_block_tile<7>(qr, qsum + r, k, wb, s + r, ws, b, c0, n, yr); break;
+        case 6: q8_block_tile<6>(qr, qsum + r, k, wb, s + r, ws, b, c0, n, yr); break;
+        case 5: q8_block_tile<5>(qr, qsum + r, k, wb, s + r, ws, b, c0, n, yr); break;
+        case 4: q8_block_tile<4>(qr, qsum + r, k, wb, s + r, ws, b, c0, n, yr); break;
+        case 3: q8_block_tile<3>(qr, qsum + r, k, wb, s + r, ws, b, c0, n, yr); break;
+        case 2: q8_block_tile<2>(qr, qsum + r, k, wb, s + r, ws, b, c0, n, yr); break;
+        default: q8_block_tile<1>(qr, qsum + r, k, wb, s + r, ws, b, c0, n, yr); break;
+      }
+      r += m;
+    }
+  }
+}
 
 void q4_spread(const int8_t* q, int64_t rows, int64_t k, int8_t* qs) {
   const __m512i order = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);
@@ -203,6 +280,8 @@ namespace specdec {
 namespace vnni {
 void q8_rows(const int8_t*, const int32_t*, int64_t, int64_t, const int8_t*, const float*, const float*, const float*,
              int64_t, int64_t, float*) {}
+void q8_blocks(const int8_t*, const int32_t*, int64_t, int64_t, const int8_t*, const float*, const float*, const float*,
+               int64_t, int64_t, int64_t, float*) {}
 void q4_spread(const int8_t*, int64_t, int64_t, int8_t*) {}
 void q4_rows(const int8_t*, int64_t, int64_t, const uint8_t*, const c10::Half*, int64_t, int64_t, float*) {}
 }  // namespace vnni

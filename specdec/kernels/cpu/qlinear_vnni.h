@@ -13,6 +13,10 @@ namespace vnni {
 // `qsum` holds each row's sum of q.
 void q8_rows(const int8_t* q, const int32_t* qsum, int64_t rows, int64_t k, const int8_t* wt, const float* s,
              const float* ws, const float* b, int64_t c0, int64_t n, float* y);
+// All `rows` rows times the blocks cb0 .. cb1 of 16 channels of `wp`, the AMX kernel's copy of the weights
+// (specdec.kernels.reference.pack_q8_blocks), into y [rows, n]: the same dots and float steps as q8_rows.
+void q8_blocks(const int8_t* q, const int32_t* qsum, int64_t rows, int64_t k, const int8_t* wp, const float* s,
+               const float* ws, const float* b, int64_t cb0, int64_t cb1, int64_t n, float* y);
 // int4: each row's activations spread for q4_rows, 64 bytes a group of 32 inputs (inputs 0-15 twice, then
 // 16-31 twice): `qs` holds rows * 2k bytes.
 void q4_spread(const int8_t* q, int64_t rows, int64_t k, int8_t* qs);
