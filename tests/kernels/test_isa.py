@@ -57,6 +57,19 @@ def _case(rows: int, k: int, n: int, seed: int):
     return (q, s, gsum), (reference.pack_q8(w8), w_scale), (*reference.pack_q4(w4, d), m_t), bias
 
 
+def _extremes() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """18 rows of 8,960 inputs (Qwen's down projection) and 20 channels where every product has its largest
+    magnitude, with signs mixed by row and channel: (q, w, pack_q8 tiles of w, channels)."""
+    k, n = 8960, 20
+    q = torch.full((18, k), -127, dtype=torch.int8)
+    q[1::3] = 127
+    q[2::3, ::2] = 127
+    w = torch.full((n, k), 127, dtype=torch.int8)
+    w[1::2] = -127
+    w[2, 1::3] = -128 + 1
+    return q, w, reference.pack_q8(w), n
+
+
 def _both(run, slow: str = "avx2", fast: str = "avx512") -> tuple[torch.Tensor, torch.Tensor]:
     """`run()` at two levels of the switch."""
     with _isa(slow):
@@ -113,14 +126,7 @@ def test_vnni_q8_blocks_equal_avx2_and_the_reference(bits, rows, k, n):
 def test_vnni_q8_blocks_are_exact_at_the_extremes(rows):
     """Every product at its largest magnitude over 8,960 inputs (Qwen's down projection), at each pass size's
     accumulator count (four sets for two rows, two for five, one for eight): no saturation, no lost term."""
-    k, n = 8960, 20
-    q = torch.full((18, k), -127, dtype=torch.int8)
-    q[1::3] = 127
-    q[2::3, ::2] = 127
-    w = torch.full((n, k), 127, dtype=torch.int8)
-    w[1::2] = -127
-    w[2, 1::3] = -128 + 1
-    tiles = reference.pack_q8(w)
+    q, w, tiles, n = _extremes()
     with _isa("avx512"):
         out = cpu.linear_q8(q[:rows], torch.ones(rows, 1), tiles, torch.ones(n), None, 8,
                             reference.pack_q8_blocks(tiles, n))
@@ -227,14 +233,7 @@ def test_amx_q8_tiles_equal_vnni_and_the_reference(bits, rows, k, n):
 def test_amx_q8_is_exact_at_the_extremes():
     """Every product at its largest magnitude over 8,960 inputs (Qwen's down projection), in whole and partial
     row tiles: the int32 sums must come out exact."""
-    k, n = 8960, 20
-    q = torch.full((18, k), -127, dtype=torch.int8)
-    q[1::3] = 127
-    q[2::3, ::2] = 127
-    w = torch.full((n, k), 127, dtype=torch.int8)
-    w[1::2] = -127
-    w[2, 1::3] = -128 + 1
-    tiles = reference.pack_q8(w)
+    q, w, tiles, n = _extremes()
     _, amx = _both(lambda: cpu.linear_q8(q, torch.ones(18, 1), tiles, torch.ones(n), None, 8,
                                          reference.pack_q8_blocks(tiles, n)), "avx512", "amx")
     assert torch.equal(amx, (q.long() @ w.long().T).float())
