@@ -36,7 +36,8 @@ rows (a 380-420 ms step) for 61 accepted tokens (`bench/step_log.py`, run at the
 Measured prices follow the fastest recent steps (timing noise only ever adds), and after `EXPLORE_AFTER` steps
 without speculation one sequence drafts its full tree once, so that a price measured during a stall is measured
 again (then after twice as many, up to `EXPLORE_MAX`, while explorations change nothing); the other way round, a
-plain step's price that speculation has left unmeasured for `REMEASURE_AFTER` steps is timed again by one plain step.
+plain step's price that speculation has left unmeasured for `REMEASURE_AFTER` steps is timed again by one plain step,
+and so is a full tree's price that the plans have come to avoid, by one full tree (`_widen_if_stale`).
 
 The estimates can still promise more than speculation delivers: the plan picks the sequences whose histories
 look best (the winner's curse), and each estimate is optimistic on purpose. So the plan's promises are checked
@@ -213,6 +214,8 @@ class SpeculationPlanner:
         self._guard_seqs: frozenset[int] = frozenset()  # the sequences the gain guard last judged
         self._remeasure_every = REMEASURE_AFTER  # observations before a plain price is timed again (doubles)
         self._remeasuring: tuple[int, float] | None = None  # (tokens, predicted seconds) of a re-measurement
+        self._widen_every = REMEASURE_AFTER  # observations before a full tree's avoided price is timed again
+        self._widening: tuple[int, float] | None = None  # (tokens, predicted seconds) of such a step
 
     @property
     def idle(self) -> bool:
@@ -224,13 +227,21 @@ class SpeculationPlanner:
 
     # ----------------------------------------------------------------------------------------- observations
     def observe_forward(self, tokens: int, seconds: float, prefill_tokens: int = 0) -> None:
-        if self._remeasuring is not None and not prefill_tokens:
-            planned, predicted = self._remeasuring
-            self._remeasuring = None
-            if tokens == planned:  # the plain step the plan asked for: was the price it had right?
-                moved = abs(seconds - predicted) > REMEASURE_TOLERANCE * predicted
-                self._remeasure_every = REMEASURE_AFTER if moved else min(2 * self._remeasure_every, REMEASURE_MAX)
+        if not prefill_tokens:
+            self._remeasure_every = self._next_wait(self._remeasuring, self._remeasure_every, tokens, seconds)
+            self._widen_every = self._next_wait(self._widening, self._widen_every, tokens, seconds)
+            self._remeasuring = self._widening = None
         (self.mixed_cost if prefill_tokens else self.cost).observe(tokens, seconds)
+
+    @staticmethod
+    def _next_wait(asked: tuple[int, float] | None, wait: int, tokens: int, seconds: float) -> int:
+        """The wait before a price is timed again, after the step a plan asked for to time it (`asked`: its
+        tokens and the price it had): doubled (up to REMEASURE_MAX) where the price held, back to
+        REMEASURE_AFTER where it had moved; unchanged by any other step."""
+        if asked is None or tokens != asked[0]:
+            return wait
+        moved = abs(seconds - asked[1]) > REMEASURE_TOLERANCE * asked[1]
+        return REMEASURE_AFTER if moved else min(2 * wait, REMEASURE_MAX)
 
     def observe_draft(self, depth: int, seconds: float, num_seqs: int = 1) -> None:
         if depth > 0 and num_seqs > 0:
@@ -334,6 +345,8 @@ class SpeculationPlanner:
         chosen = [spec.depth if pin else 0 for pin in pinned]
         for i in best_moves:
             chosen[i] += 1
+        if not prefill_tokens:
+            chosen = self._widen_if_stale(chosen, [b[0] for b in betas], nodes, base_tokens)
         return self._explore_if_idle(chosen, [b[0] for b in betas], [spec.depth] * len(seqs))
 
     @staticmethod
@@ -501,6 +514,29 @@ class SpeculationPlanner:
             return False
         self._remeasuring = (len(seqs), self.cost.predict(len(seqs)))
         return True
+
+    def _widen_if_stale(self, chosen: list[int], likelihood: list[float], nodes: list[int],
+                        base_tokens: int) -> list[int]:
+        """Where a plan speculates short of the full tree and the price of the full tree's width is stale
+        (`REMEASURE_AFTER` observations, doubling while it holds), the likeliest such sequence gets its full
+        tree once, so that the width is timed again.
+
+        A price is believed down at once and up only partly (`StepCost.observe`), but only when the width is
+        timed; one the plans have come to avoid is never timed again. At batch 1 on a Zen 4 EPYC the chain of
+        3's 4-token step was priced at 18.1 ms against 10.9 for a plain one (a slow early step), where such a
+        step costs 1.1-1.2x a plain one, so the hybrid drafted one token a step for the rest of the run (233
+        of 243 plans of three requests; with this rule 162 of 189 took the full chain)."""
+        full = len(nodes) - 1
+        short = [i for i, d in enumerate(chosen) if 0 < d < full]
+        if not short:
+            return chosen
+        i = max(short, key=lambda j: likelihood[j])
+        tokens = base_tokens + sum(nodes[d] for d in chosen) - nodes[chosen[i]] + nodes[full]
+        if self.cost.age(tokens) <= self._widen_every:
+            return chosen
+        chosen[i] = full
+        self._widening = (tokens, self.cost.predict(tokens))
+        return chosen
 
     def _explore_if_idle(self, chosen: list[int], likelihood: list[float], full: list[int]) -> list[int]:
         """After `EXPLORE_AFTER` plans in a row without speculation, the likeliest sequence gets its full tree

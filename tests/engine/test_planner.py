@@ -432,6 +432,48 @@ def test_re_measuring_waits_longer_while_prices_hold_and_not_at_all_for_prefill_
     assert p._remeasure_every == REMEASURE_AFTER
 
 
+def test_a_full_tree_whose_price_the_plans_avoid_is_timed_again_and_then_chosen():
+    """The Zen 4 batch-1 failure: a chain of 3's first 4-token step timed slow (18 ms against 11 for a plain
+    step; 12.5 in truth), after which every plan drafted one token (2-token steps, timed true), so the 4-token
+    price was never timed again. After REMEASURE_AFTER observations the plan takes the full tree once; timed
+    true, the full tree is then what the plan chooses, and the wait before the next check doubles."""
+    from specdec.engine.planner import REMEASURE_AFTER
+
+    p = SpeculationPlanner()
+    p.observe_forward(1, 0.011)
+    p.observe_forward(4, 0.018)
+    p.observe_forward(2, 0.0115)
+    one = seq(0, [60, 35, 20], [100] * 3)  # P(accept >= d) 0.6, 0.35, 0.2
+    assert p.plan([one], chain(3)) == [1]  # 0.35 + 0.2 more tokens do not pay 6.5 ms of stale price
+    asked = []
+    for _ in range(2 * REMEASURE_AFTER):  # each plan's step timed true (a plain one now and then, re-measured)
+        depth = p.plan([one], chain(3))[0]
+        asked.append(depth)
+        if depth == 3:
+            break
+        p.observe_forward(1 + depth, 0.011 if depth == 0 else 0.0115)
+    assert asked[-1] == 3 and set(asked[:-1]) <= {0, 1}  # stale: the full tree once, to time it
+    assert len(asked) >= REMEASURE_AFTER
+    p.observe_forward(4, 0.0125)
+    assert p.plan([one], chain(3)) == [3]  # the true price: the full tree pays
+    assert p._widen_every == REMEASURE_AFTER  # the price had moved: the short wait again
+
+
+def test_a_stale_full_tree_price_is_not_re_timed_by_a_plan_that_already_takes_it_or_takes_none():
+    from specdec.engine.planner import REMEASURE_AFTER
+
+    p = planner(cost_per_token=0.0001)  # cheap rows: full trees
+    p.observe_forward(4, 0.02)
+    for _ in range(REMEASURE_AFTER + 1):  # the 8-token width (two full chains) grows stale; taken anyway
+        p.observe_forward(2, 0.02)
+    seqs = [seq(i, [9, 8, 7], [10] * 3) for i in range(2)]
+    assert p.plan(seqs, chain(3)) == [3, 3]
+    assert p._widening is None
+    q = planner(cost_per_token=0.01, fixed=0.005)  # every row costs: plain decode, nothing widened
+    bad = [seq(i, [1, 0, 0], [10] * 3) for i in range(2)]
+    assert q.plan(bad, chain(3)) == [0, 0] and q._widening is None
+
+
 def test_seeded_sampled_requests_keep_their_trees_while_a_price_is_re_measured():
     from specdec.engine.planner import REMEASURE_AFTER
 
