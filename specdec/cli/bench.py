@@ -36,6 +36,8 @@ def bench(
                                                            "smaller lets many methods share a small machine)."),
     kv_cache_dtype: str = typer.Option("auto", help="Every method's K/V cache precision: auto, float32, or "
                                                     "bfloat16 (on CPU needs AMX-BF16)."),
+    adaptive: bool = typer.Option(True, help="Adaptive speculation, as `generate` runs by default; --no-adaptive "
+                                             "drafts every method's full tree every step."),
 ) -> None:
     """Bench suite: our plain decode and drafters vs transformers, per Spec-Bench category."""
     given = dict(locals())

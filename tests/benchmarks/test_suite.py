@@ -108,6 +108,24 @@ def test_options_quick_defaults_and_overrides() -> None:
         resolve_options(categories="poetry")
 
 
+def test_no_adaptive_reaches_every_methods_engine_and_the_reproducing_command(default_model) -> None:
+    """--no-adaptive (full trees every step) is spelled out in the command a run records and set on every
+    method's engine, plain decode's included; the default leaves adaptive speculation on."""
+    from rich.console import Console
+
+    from specdec.benchmarks.suite import build_ours
+
+    assert resolve_options(quick=True).adaptive and "--no-adaptive" not in resolve_options(quick=True).command()
+    options = resolve_options(quick=True, adaptive=False, methods="ngram;suffix", kv_cache_tokens=256)
+    assert "--no-adaptive" in options.command()
+    runners = build_ours(options, default_model, Console(quiet=True), [])
+    assert len(runners) == 3
+    assert all(r.llm.engine.planner is None for r in runners)
+    adaptive = build_ours(resolve_options(quick=True, methods="ngram", kv_cache_tokens=256), default_model,
+                          Console(quiet=True), [])
+    assert all(r.llm.engine.planner is not None for r in adaptive)
+
+
 def test_acceptance_by_depth_pools_counts_not_ratios() -> None:
     """alpha_d over several runs is total accepted / total proposed at depth d, as the engine defines it."""
     from specdec.benchmarks.runs import DepthCounter, Run, acceptance_by_depth
