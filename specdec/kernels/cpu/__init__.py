@@ -29,10 +29,10 @@ from torch import Tensor
 
 from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: one torch op each already
 
-__all__ = ["argmax_rows", "available", "bf16_attention", "copy_kv_layers", "copy_kv_slots", "decode_attention",
-           "blocked_weights", "decode_layers", "flat_verified_rows", "isa", "linear_q4", "linear_q8", "paged_attention", "quantize",
-           "recycle_best_first", "recycle_expand", "recycle_write", "rms_norm", "rope_kv", "silu_mul", "top_k_probs",
-           "write_kv"]
+__all__ = ["argmax_rows", "available", "bf16_attention", "blocked_weights", "copy_kv_layers", "copy_kv_slots",
+           "decode_attention", "decode_layers", "flat_verified_rows", "isa", "linear_q4", "linear_q8", "paged_attention",
+           "quantize", "recycle_best_first", "recycle_expand", "recycle_write", "rms_norm", "rope_kv", "silu_mul",
+           "top_k_probs", "write_kv"]
 SOURCES = ("attention.cpp", "attention_amx.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp",
            "logit_rows.cpp", "qlinear.cpp", "qlinear_amx.cpp", "qlinear_vnni.cpp", "recycle_matrix.cpp")
 HEADERS = ("amx_tiles.h", "attention_amx.h", "attention_rows.h", "isa.h", "ops.h", "qlinear_amx.h", "qlinear_vnni.h",

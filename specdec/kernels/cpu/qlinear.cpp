@@ -357,8 +357,8 @@ at::Tensor linear_q4(const at::Tensor& q, const at::Tensor& s, const at::Tensor&
 }  // namespace specdec
 
 TORCH_LIBRARY_FRAGMENT(specdec_cpu, m) {
-  m.def("linear_q8(Tensor q, Tensor s, Tensor w, Tensor w_scale, Tensor? bias, int weight_bits=8, Tensor? w_blocks=None) "
-        "-> Tensor");
+  m.def("linear_q8(Tensor q, Tensor s, Tensor w, Tensor w_scale, Tensor? bias, int weight_bits=8, "
+        "Tensor? w_blocks=None) -> Tensor");
   m.def("linear_q4(Tensor q, Tensor s, Tensor gsum, Tensor w, Tensor d, Tensor m_t, Tensor? bias) -> Tensor");
   m.impl("linear_q8", c10::DispatchKey::CPU, &specdec::linear_q8);
   m.impl("linear_q4", c10::DispatchKey::CPU, &specdec::linear_q4);

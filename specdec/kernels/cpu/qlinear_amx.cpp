@@ -9,7 +9,8 @@
 // The weights are a second copy in their own layout (specdec.kernels.reference.pack_q8_blocks, built at load by
 // QLinear where the CPU has AVX-512 VNNI or AMX; the VNNI kernel reads it for one row): per block of 16 channels
 // and 64 inputs, the tile's 16 rows of 64 bytes, row i holding inputs 4i .. 4i + 3 of each channel in turn,
-// blocks in input order, so each block of channels is one sequential stream. The activations are read in place (q [rows, k] is row-major).
+// blocks in input order, so each block of channels is one sequential stream. The activations are read in place
+// (q [rows, k] is row-major).
 //
 // Same bits as the other paths: tdpbssd multiplies signed bytes by signed bytes exactly and sums in int32,
 // so each dot is the exact integer every path computes (no 128-offset needed), and the float steps after it
