@@ -40,6 +40,11 @@ DEFAULT_TREE = chain(3)
 # pays more than the chain: 1.50-1.56x against 1.44-1.49x on the dev split in two runs, where it was chosen, and
 # 1.45-1.49x against 1.40-1.43x on the test split (bench/results/suite_amx_dev, suite_amx).
 FLAT_ROWS_TREE = dynamic(depth=6, topk=4, budget=6)
+# Where the int8 linears read blocks of 16 channels with VNNI (AVX-512 without AMX: `cpu.blocked_weights`), 6 rows
+# cost the linears 1.05x one row but attention still pays for each: a 4-node tree edges the chain, 1.46x against
+# 1.43x over seven and six dev-split runs on a Zen 4 EPYC (the 6-node tree 1.32-1.44x), 1.39x against 1.35x on
+# the test split (tau 1.94 against 1.73; bench/results/suite_zen4_trees/).
+VNNI_ROWS_TREE = dynamic(depth=4, topk=3, budget=4)
 # Options a part takes inside a hybrid unless its spec gives them. Recycle's prompt seed rows (LM-head rows) buy it
 # tau alone (dev split, batch 1: 1.41 against 1.30 without), but next to suffix, which copies from the prompt
 # itself, hybrid:suffix+recycle reached tau 1.70 with them and 1.67 without, for 7.3% against 6.4% of a step
@@ -75,7 +80,9 @@ class HybridDrafter(DrafterBase):
                                           for mask in range(1, 1 << len(parts)))
 
     def default_tree(self) -> TreeSpec:
-        return FLAT_ROWS_TREE if cpu_kernels.flat_verified_rows() else DEFAULT_TREE
+        if cpu_kernels.flat_verified_rows():
+            return FLAT_ROWS_TREE
+        return VNNI_ROWS_TREE if cpu_kernels.blocked_weights() else DEFAULT_TREE
 
     # ----------------------------------------------------------------------------------------- proposals
     def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:

@@ -48,6 +48,10 @@ DEFAULT_TREE = "chain:k=2"
 # best-first tree pays: 1.37x against 1.29x for the chain on the dev split, where it was chosen, and 1.33-1.36x
 # against 1.25-1.27x on the test split (bench/results/suite_amx_dev_recycle, suite_amx).
 FLAT_ROWS_TREE = "dynamic:depth=6,topk=4,budget=8"
+# Where the int8 linears read blocks of 16 channels with VNNI (AVX-512 without AMX: `cpu.blocked_weights`), a
+# 4-node tree edges the chain: 1.32x / 1.28x / 1.26x against 1.26x / 1.25x / 1.24x in three dev-split runs on a
+# Zen 4 EPYC, 1.27x against 1.26x on the test split, tau 1.67-1.73 against 1.48 (bench/results/suite_zen4_trees/).
+VNNI_ROWS_TREE = "dynamic:depth=4,topk=2,budget=4"
 # The matrix is seeded from the logits at the prompt's last `seed` positions. Every seeded row is an LM-head row
 # (0.6 ms on the default model): seeding a whole 300-token prompt costs 8 plain steps, and 12 such prompts at
 # once cost recycle a fifth of its throughput at batch 12 (0.78x of plain decode). The engine computes them at
@@ -69,7 +73,8 @@ class RecycleDrafter(DrafterBase):
         self.min_prob = min_prob
         self.prefill_logit_rows = seed  # seed the matrix from the prompt's last rows (an LM-head row each)
         if tree is None:  # the default for the price of a verified row here
-            tree = FLAT_ROWS_TREE if cpu_kernels.flat_verified_rows() else DEFAULT_TREE
+            tree = (FLAT_ROWS_TREE if cpu_kernels.flat_verified_rows()
+                    else VNNI_ROWS_TREE if cpu_kernels.blocked_weights() else DEFAULT_TREE)
         self._default = parse_tree_spec(tree if ":" in tree else f"static:{tree}")
         self._start: dict[str, np.ndarray] | None = None  # the warm start's rows (`warm_from`), for `reset`
         self.warm_source: Path | None = None

@@ -99,12 +99,16 @@ def test_recycle_inside_a_hybrid_takes_no_prompt_seeds_unless_asked(model):
 
 
 def test_the_default_tree_follows_the_price_of_a_verified_row(model, monkeypatch):
-    """A chain of 3 where every verified row costs, the 6-node tree where the int8 linears' rows are flat (AMX)."""
+    """A chain of 3 where every verified row costs (AVX2), a 4-node tree where the int8 linears take a few rows
+    for little more than one (VNNI blocks), the 6-node tree where they are flat (AMX)."""
     from specdec.drafters import hybrid
     from specdec.kernels import cpu
 
     drafter = build_drafter("hybrid:suffix+recycle", context(model))
     monkeypatch.setattr(cpu, "flat_verified_rows", lambda: False)
+    monkeypatch.setattr(cpu, "blocked_weights", lambda: False)
     assert drafter.default_tree() == chain(3)
+    monkeypatch.setattr(cpu, "blocked_weights", lambda: True)
+    assert drafter.default_tree() == hybrid.VNNI_ROWS_TREE != chain(3)
     monkeypatch.setattr(cpu, "flat_verified_rows", lambda: True)
     assert drafter.default_tree() == hybrid.FLAT_ROWS_TREE

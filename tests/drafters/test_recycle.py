@@ -203,13 +203,17 @@ def test_recycling_a_batch_in_one_call_writes_what_one_call_per_sequence_writes(
 
 
 def test_the_default_tree_follows_the_price_of_a_verified_row(monkeypatch):
-    """A chain of 2 where every verified row costs, the 8-node best-first tree where the int8 linears' rows are
-    flat (AMX); a tree the user names wins either way."""
+    """A chain of 2 where every verified row costs (AVX2), a 4-node tree where the int8 linears take a few rows
+    for little more than one (VNNI blocks), the 8-node best-first tree where they are flat (AMX); a tree the user
+    names wins either way."""
     from specdec.drafters import recycle
     from specdec.kernels import cpu
 
     monkeypatch.setattr(cpu, "flat_verified_rows", lambda: False)
+    monkeypatch.setattr(cpu, "blocked_weights", lambda: False)
     assert RecycleDrafter(64).default_tree() == chain(2)
+    monkeypatch.setattr(cpu, "blocked_weights", lambda: True)
+    assert RecycleDrafter(64).default_tree() == parse_tree_spec(recycle.VNNI_ROWS_TREE) != chain(2)
     monkeypatch.setattr(cpu, "flat_verified_rows", lambda: True)
     assert RecycleDrafter(64).default_tree() == parse_tree_spec(recycle.FLAT_ROWS_TREE)
     assert RecycleDrafter(64, tree="chain:k=3").default_tree() == chain(3)
