@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python bench/attention_rows.py                      # the kernels this checkout builds
     OMP_NUM_THREADS=1 python bench/attention_rows.py --library old.so --library new.so --rounds 4
     OMP_NUM_THREADS=1 python bench/attention_rows.py --cache float32,bfloat16 --rows 1,4,7,12 --contexts 256,1024
+    OMP_NUM_THREADS=1 python bench/attention_rows.py --cold --rows 1,4,8 --contexts 256,1024   # K/V from memory
 
 One sequence's rows (a decode row, or the nodes of a star tree: each sees the committed keys, the root and
 itself) against a committed prefix of `--contexts` keys in a paged fp32 cache, 9 query heads over 3 KV heads of
@@ -26,21 +27,38 @@ import torch
 HEADS, KV_HEADS, HEAD_DIM, PAGE = 9, 3, 64, 16
 
 
+COLD_POOL = 4096  # pages in the cold cache's pool, the block table's pages scattered over it
+COLD_FLUSH = 8 << 20  # float32 elements written before each cold call: 32 MiB
+
+
 def time_calls(attention, rows: int, context: int, calls: int, repeats: int,
-               cache: torch.dtype = torch.float32) -> float:
-    """Microseconds per call of `attention` for `rows` query rows over `context` committed keys."""
+               cache: torch.dtype = torch.float32, cold: bool = False) -> float:
+    """Microseconds per call of `attention` for `rows` query rows over `context` committed keys. `cold`: each
+    call timed alone after 32 MiB of writes, its pages scattered over a pool of 4,096, as in the engine, where
+    the linears between two layers' attention push that layer's K and V out of the caches (the median call)."""
     gen = torch.Generator().manual_seed(0)
     blocks = (context + rows + PAGE - 1) // PAGE
-    k_cache = torch.randn(blocks, PAGE, KV_HEADS, HEAD_DIM, generator=gen).to(cache)
-    v_cache = torch.randn(blocks, PAGE, KV_HEADS, HEAD_DIM, generator=gen).to(cache)
+    pool = max(blocks, COLD_POOL) if cold else blocks
+    k_cache = torch.randn(pool, PAGE, KV_HEADS, HEAD_DIM, generator=gen).to(cache)
+    v_cache = torch.randn(pool, PAGE, KV_HEADS, HEAD_DIM, generator=gen).to(cache)
     q = torch.randn(rows, HEADS, HEAD_DIM, generator=gen)
-    table = torch.arange(blocks, dtype=torch.int32)[None]
+    pages = torch.randperm(pool, generator=gen)[:blocks] if cold else torch.arange(blocks)
+    table = pages.to(torch.int32)[None]
     prefix = torch.tensor([context], dtype=torch.int32)
     starts = torch.tensor([0, rows], dtype=torch.int32)
     mask = torch.tensor([[1 | (1 << r)] for r in range(rows)], dtype=torch.int32) if rows > 1 else None
     args = (q, k_cache, v_cache, table, prefix, starts, mask, HEAD_DIM ** -0.5)
     for _ in range(10):
         attention(*args)
+    if cold:
+        junk = torch.zeros(COLD_FLUSH)
+        times = []
+        for _ in range(repeats * min(calls, 40)):
+            junk.add_(1.0)
+            start = time.perf_counter()
+            attention(*args)
+            times.append(time.perf_counter() - start)
+        return sorted(times)[len(times) // 2] * 1e6
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -51,7 +69,7 @@ def time_calls(attention, rows: int, context: int, calls: int, repeats: int,
 
 
 def measure(library: str | None, rows: list[int], contexts: list[int], calls: int, repeats: int,
-            cache: torch.dtype = torch.float32) -> dict:
+            cache: torch.dtype = torch.float32, cold: bool = False) -> dict:
     torch.set_num_threads(1)
     if library:
         torch.ops.load_library(library)
@@ -61,7 +79,7 @@ def measure(library: str | None, rows: list[int], contexts: list[int], calls: in
         if not cpu.available():
             raise SystemExit("the compiled CPU kernels are not available here")
     attention = torch.ops.specdec_cpu.paged_attention
-    return {f"{c}x{r}": time_calls(attention, r, c, calls, repeats, cache) for c in contexts for r in rows}
+    return {f"{c}x{r}": time_calls(attention, r, c, calls, repeats, cache, cold) for c in contexts for r in rows}
 
 
 def main() -> None:
@@ -73,16 +91,18 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cache", default="float32", help="comma list of K/V cache dtypes (this checkout only)")
+    parser.add_argument("--cold", action="store_true", help="time each call after flushing the caches (as in the "
+                        "engine, where a layer's K/V arrive from memory)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     rows = [int(x) for x in args.rows.split(",")]
     contexts = [int(x) for x in args.contexts.split(",")]
     if args.worker or not args.library:
         if args.worker:
-            print(json.dumps(measure(args.library[0], rows, contexts, args.calls, args.repeats)))
+            print(json.dumps(measure(args.library[0], rows, contexts, args.calls, args.repeats, cold=args.cold)))
             return
         results = {f"this checkout, {name} cache": measure(None, rows, contexts, args.calls, args.repeats,
-                                                            getattr(torch, name))
+                                                            getattr(torch, name), args.cold)
                    for name in args.cache.split(",")}
     else:
         results: dict[str, dict] = {}
@@ -90,7 +110,8 @@ def main() -> None:
             for library in args.library:
                 out = subprocess.run([sys.executable, __file__, "--worker", "--library", library, "--rows", args.rows,
                                       "--contexts", args.contexts, "--calls", str(args.calls),
-                                      "--repeats", str(args.repeats)], check=True, capture_output=True, text=True)
+                                      "--repeats", str(args.repeats)] + (["--cold"] if args.cold else []),
+                                     check=True, capture_output=True, text=True)
                 got = json.loads(out.stdout)
                 best = results.setdefault(library, got)
                 for key, value in got.items():
