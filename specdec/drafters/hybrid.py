@@ -80,9 +80,7 @@ class HybridDrafter(DrafterBase):
                                           for mask in range(1, 1 << len(parts)))
 
     def default_tree(self) -> TreeSpec:
-        if cpu_kernels.flat_verified_rows():
-            return FLAT_ROWS_TREE
-        return VNNI_ROWS_TREE if cpu_kernels.blocked_weights() else DEFAULT_TREE
+        return cpu_kernels.by_row_price(DEFAULT_TREE, VNNI_ROWS_TREE, FLAT_ROWS_TREE)
 
     # ----------------------------------------------------------------------------------------- proposals
     def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:

@@ -73,8 +73,7 @@ class RecycleDrafter(DrafterBase):
         self.min_prob = min_prob
         self.prefill_logit_rows = seed  # seed the matrix from the prompt's last rows (an LM-head row each)
         if tree is None:  # the default for the price of a verified row here
-            tree = (FLAT_ROWS_TREE if cpu_kernels.flat_verified_rows()
-                    else VNNI_ROWS_TREE if cpu_kernels.blocked_weights() else DEFAULT_TREE)
+            tree = cpu_kernels.by_row_price(DEFAULT_TREE, VNNI_ROWS_TREE, FLAT_ROWS_TREE)
         self._default = parse_tree_spec(tree if ":" in tree else f"static:{tree}")
         self._start: dict[str, np.ndarray] | None = None  # the warm start's rows (`warm_from`), for `reset`
         self.warm_source: Path | None = None

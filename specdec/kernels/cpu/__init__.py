@@ -23,16 +23,19 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
 from specdec.kernels.reference import copy_kv_slots, write_kv  # index copies: one torch op each already
 
-__all__ = ["argmax_rows", "available", "bf16_attention", "blocked_weights", "copy_kv_layers", "copy_kv_slots",
-           "decode_attention", "decode_layers", "flat_verified_rows", "isa", "linear_q4", "linear_q8", "paged_attention",
-           "quantize", "recycle_best_first", "recycle_expand", "recycle_write", "rms_norm", "rope_kv", "silu_mul",
-           "top_k_probs", "write_kv"]
+T = TypeVar("T")
+
+__all__ = ["argmax_rows", "available", "bf16_attention", "blocked_weights", "by_row_price", "copy_kv_layers",
+           "copy_kv_slots", "decode_attention", "decode_layers", "flat_verified_rows", "isa", "linear_q4", "linear_q8",
+           "paged_attention", "quantize", "recycle_best_first", "recycle_expand", "recycle_write", "rms_norm",
+           "rope_kv", "silu_mul", "top_k_probs", "write_kv"]
 SOURCES = ("attention.cpp", "attention_amx.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp",
            "logit_rows.cpp", "qlinear.cpp", "qlinear_amx.cpp", "qlinear_vnni.cpp", "recycle_matrix.cpp")
 HEADERS = ("amx_tiles.h", "attention_amx.h", "attention_rows.h", "isa.h", "ops.h", "qlinear_amx.h", "qlinear_vnni.h",
@@ -191,6 +194,13 @@ def blocked_weights() -> bool:
     (`reference.pack_q8_blocks`): at the "amx" level for its tiles, at "avx512" for the VNNI kernel that holds
     16 channels in a register's lanes (qlinear_vnni.cpp), one more byte a weight either way."""
     return available() and isa() in ("amx", "avx512")
+
+
+def by_row_price(costly: T, blocked: T, flat: T) -> T:
+    """The one of three choices (a drafter's default tree) that suits the price of an extra verified row here:
+    `flat` at the "amx" level (`flat_verified_rows`), `blocked` at "avx512" (`blocked_weights`: a few rows for
+    little more than one), `costly` elsewhere."""
+    return flat if flat_verified_rows() else blocked if blocked_weights() else costly
 
 
 def linear_q4(q: Tensor, s: Tensor, gsum: Tensor, w: Tensor, d: Tensor, m_t: Tensor, bias: Tensor | None = None) -> Tensor:
