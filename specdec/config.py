@@ -140,6 +140,9 @@ class EngineConfig:
     # cost attention next to nothing; it needs AMX-BF16 there). Greedy speculative output still equals plain
     # output at either precision: only the model's numbers change, as with any precision choice.
     kv_cache_dtype: str = "auto"
+    # On a GPU, steps of up to this many new tokens (decodes, tree verifications) replay CUDA graphs captured
+    # per shape bucket instead of launching each kernel from Python (engine/cuda_graphs.py); 0: always eager.
+    cuda_graph_tokens: int = 256
 
     def __post_init__(self) -> None:
         for name in ("block_size", "kv_cache_tokens", "max_num_seqs", "max_num_batched_tokens", "max_tree_nodes",
@@ -149,6 +152,9 @@ class EngineConfig:
         value = self.prefill_tokens_while_decoding
         _check(_is_int(value) and value >= 0, f"prefill_tokens_while_decoding must be an integer >= 0 (0: no cap), "
                f"got {value!r}", "prefill_tokens_while_decoding")
+        value = self.cuda_graph_tokens
+        _check(_is_int(value) and value >= 0, f"cuda_graph_tokens must be an integer >= 0 (0: no CUDA graphs), "
+               f"got {value!r}", "cuda_graph_tokens")
         for name in ("enable_prefix_caching", "adaptive_speculation"):
             value = getattr(self, name)
             _check(isinstance(value, bool), f"{name} must be True or False, got {value!r}", name)

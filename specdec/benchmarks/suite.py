@@ -60,6 +60,7 @@ class SuiteOptions:
     kv_cache_tokens: int | None = None  # per method's engine; None = EngineConfig's default (batch 1 needs ~1k)
     kv_cache_dtype: str = "auto"  # every method's, plain decode's included (EngineConfig.kv_cache_dtype)
     adaptive: bool = True  # EngineConfig.adaptive_speculation: False drafts every method's full tree every step
+    cuda_graphs: bool = True  # on a GPU, EngineConfig.cuda_graph_tokens at its default; False: every step eager
     methods: str | None = None  # "drafter|tree;..."; None: every registered drafter with its default tree
     peers: tuple[str, ...] = PEER_NAMES
     threads: int = 1
@@ -86,6 +87,8 @@ class SuiteOptions:
             parts.append(f"--kv-cache-dtype {self.kv_cache_dtype}")
         if not self.adaptive:
             parts.append("--no-adaptive")
+        if not self.cuda_graphs:
+            parts.append("--no-cuda-graphs")
         if self.methods is not None:
             parts.append(f"--methods '{self.methods}'")
         parts.append(f"--peers {','.join(self.peers)}" if self.peers else "--no-peers")
@@ -202,7 +205,8 @@ def build_ours(options: SuiteOptions, loaded, console: Console, notes: list[str]
     quantize = options.quantize
     # Every method holds its own engine and KV cache; a smaller cache lets many methods share a small machine.
     config = EngineConfig(kv_cache_tokens=options.kv_cache_tokens or EngineConfig.kv_cache_tokens,
-                          kv_cache_dtype=options.kv_cache_dtype, adaptive_speculation=options.adaptive)
+                          kv_cache_dtype=options.kv_cache_dtype, adaptive_speculation=options.adaptive,
+                          cuda_graph_tokens=EngineConfig.cuda_graph_tokens if options.cuda_graphs else 0)
     runners = [OursRunner("specdec:none", "specdec plain decode",
                           LLM.from_loaded(loaded, "none", quantize=quantize, engine_config=config))]
     if options.methods is None:

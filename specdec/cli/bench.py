@@ -38,6 +38,8 @@ def bench(
                                                     "bfloat16 (on CPU needs AMX-BF16)."),
     adaptive: bool = typer.Option(True, help="Adaptive speculation, as `generate` runs by default; --no-adaptive "
                                              "drafts every method's full tree every step."),
+    cuda_graphs: bool = typer.Option(True, help="On a GPU, replay decode and tree-verification steps from CUDA "
+                                                "graphs; --no-cuda-graphs launches every kernel eagerly."),
 ) -> None:
     """Bench suite: our plain decode and drafters vs transformers, per Spec-Bench category."""
     given = dict(locals())

@@ -65,7 +65,8 @@ class Engine:
         self._drafted: tuple[int, int, float] | None = None
         self.runner = ModelRunner.create(model, config.num_blocks, config.block_size,
                                          prefix_caching=config.enable_prefix_caching,
-                                         kv_cache_dtype=config.kv_cache_dtype)
+                                         kv_cache_dtype=config.kv_cache_dtype,
+                                         graph_tokens=config.cuda_graph_tokens)
         self.scheduler = Scheduler(config, self.runner.cache)
         self.seeds = PromptSeeds(drafter, model.lm_head)
         # True while no request can arrive (LLM.generate after adding its batch; never in the server): once

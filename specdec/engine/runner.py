@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specdec.engine.cuda_graphs import CudaGraphs
 from specdec.errors import OutOfBlocksError
 from specdec.kvcache import BlockTable, PagedKVCache
 from specdec.models.context import AttentionContext
@@ -54,21 +55,27 @@ class ChunkOutput:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, cache: PagedKVCache, num_layers: int | None = None) -> None:
+    def __init__(self, model: LlamaModel, cache: PagedKVCache, num_layers: int | None = None,
+                 graphs: CudaGraphs | None = None) -> None:
         self.model = model
         self.cache = cache
         self.num_layers = num_layers  # run only the first layers (an early-exit draft over the target)
         self.device = model.device
+        self.graphs = graphs  # CUDA graphs of small steps (a GPU target), or None: every step eager
 
     @staticmethod
     def create(model: LlamaModel, num_blocks: int, block_size: int, num_layers: int | None = None,
-               prefix_caching: bool = False, kv_cache_dtype: str = "auto") -> "ModelRunner":
-        """`kv_cache_dtype`: EngineConfig's choice ("auto": the model's own, `model.kv_cache_dtype`)."""
+               prefix_caching: bool = False, kv_cache_dtype: str = "auto",
+               graph_tokens: int = 0) -> "ModelRunner":
+        """`kv_cache_dtype`: EngineConfig's choice ("auto": the model's own, `model.kv_cache_dtype`).
+        `graph_tokens`: on CUDA, steps of up to this many new tokens replay CUDA graphs (0: never)."""
         c = model.config
+        graphed = graph_tokens > 0 and model.device.type == "cuda" and num_layers is None
         cache = PagedKVCache(num_layers or c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim,
                              dtype=model.cache_dtype(kv_cache_dtype), device=model.device,
-                             prefix_caching=prefix_caching)
-        return ModelRunner(model, cache, num_layers)
+                             prefix_caching=prefix_caching, scratch=graphed)
+        graphs = CudaGraphs(model, cache, graph_tokens) if graphed else None
+        return ModelRunner(model, cache, num_layers, graphs)
 
     @torch.inference_mode()
     def run(self, chunks: list[Chunk], return_hidden: bool = False,
@@ -80,6 +87,11 @@ class ModelRunner:
         The caller must have checked that the cache has room (`cache.can_append`).
         """
         packed = pack(self.cache, chunks, self.device)
+        if self.graphs is not None and not return_hidden and all(c.logits is Rows.ALL for c in chunks):
+            logits = self.graphs.forward(packed.tokens, packed.positions, packed.ctx)
+            if logits is not None:
+                return [ChunkOutput(logits[start:end], None, prefix)
+                        for start, end, prefix in zip(packed.starts, packed.starts[1:], packed.prefixes)]
         rows = []
         for chunk, start, end in zip(chunks, packed.starts, packed.starts[1:]):
             rows.extend(range(end - chunk.num_logit_rows, end))

@@ -46,11 +46,15 @@ class PagedKVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         prefix_caching: bool = False,
+        scratch: bool = False,
     ) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
         self.prefix = PrefixCache(self.pool, block_size) if prefix_caching else None
-        shape = (num_blocks, block_size, kv_heads, head_dim)
+        # `scratch`: one block past the pool's, never handed out, where padding rows of a CUDA graph's step write
+        # their K/V (engine/cuda_graphs.py).
+        self.scratch_slot = num_blocks * block_size if scratch else None
+        shape = (num_blocks + int(scratch), block_size, kv_heads, head_dim)
         self.layers: list[tuple[Tensor, Tensor]] = [
             (_zeros(shape, dtype, device), _zeros(shape, dtype, device)) for _ in range(num_layers)
         ]
