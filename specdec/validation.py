@@ -209,7 +209,7 @@ def check_kv_cache_dtype(model: Any, config: EngineConfig) -> None:
 
     if model.dtype != torch.float32 or not cpu_kernels.bf16_attention():
         raise ConfigError(f"kv_cache_dtype='bfloat16' on CPU needs a float32 or int8 model and a CPU with AMX-BF16 "
-                          f"(this one runs the kernels at level {cpu_kernels.isa()!r}); use 'auto'",
+                          f"or AVX512-BF16 (this one runs the kernels at level {cpu_kernels.isa()!r}); use 'auto'",
                           field="kv_cache_dtype")
 
 

@@ -1,5 +1,6 @@
 """A bfloat16 K/V cache (EngineConfig.kv_cache_dtype): speculation still gives plain decode's greedy output, the
-cache really is bfloat16 and runs the AMX tiles, and CPUs without them refuse it before anything is allocated."""
+cache really is bfloat16 and runs the compiled kernel (AMX tiles, or AVX512-BF16 dot products), and CPUs with
+neither refuse it before anything is allocated."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def run(model, drafter, tree, kv_cache_dtype):
     return engine, [s.output_ids for s in seqs]
 
 
-@pytest.mark.skipif(not cpu_kernels.bf16_attention(), reason="no AMX-BF16 on this CPU")
+@pytest.mark.skipif(not cpu_kernels.bf16_attention(), reason="no AMX-BF16 or AVX512-BF16 on this CPU")
 @pytest.mark.parametrize("spec,tree", [("hybrid:suffix+recycle", TreeSpec("dynamic", depth=4, topk=3, budget=8)),
                                        ("recycle", chain(4))])
 def test_greedy_speculation_equals_plain_decode_over_a_bfloat16_cache(model, spec, tree):
@@ -57,7 +58,7 @@ def test_greedy_speculation_equals_plain_decode_over_a_bfloat16_cache(model, spe
     assert speculative == plain
 
 
-def test_a_bfloat16_cache_is_refused_on_a_cpu_without_amx_bf16(model, monkeypatch):
+def test_a_bfloat16_cache_is_refused_on_a_cpu_without_bf16_kernels(model, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "bf16_attention", lambda: False)
     with pytest.raises(ConfigError, match="AMX-BF16"):
         check_kv_cache_dtype(model, EngineConfig(kv_cache_dtype="bfloat16"))

@@ -47,8 +47,9 @@ def _row_three_ways(attention, seed: int, group: int = 3, prefix: int = 13, page
     heads in blocks of up to three (one KV head's queries, rows and heads alike): with `group` query heads per KV
     head other than three, the tree's row 5 falls in blocks of other sizes and offsets than the lone decode's.
     With AVX-512, a prefix of 16 keys or more scores the tree's queries sixteen keys at a time (keys in lanes),
-    and the lone decode's a key at a time. With a bfloat16 cache (AMX tiles), node 5's list is not a prefix of
-    the tree's node order, so it takes its own steps past the prefix, where the lone decode shares them."""
+    and the lone decode's a key at a time. With a bfloat16 cache (AMX tiles or AVX512-BF16 dot products), node
+    5's list is not a prefix of the tree's node order, so it takes its own steps past the prefix, where the lone
+    decode shares them."""
     gen = torch.Generator().manual_seed(seed)
     kv_heads, d = 2, 64
     heads = kv_heads * group
@@ -104,7 +105,8 @@ def test_attention_row_is_bit_identical_alone_batched_and_in_a_tree(seed, group,
 
 
 bf16_attention = pytest.mark.skipif(not (cpu.available() and cpu.bf16_attention()),
-                                    reason="no AMX-BF16 here: a bfloat16 K/V cache takes the torch reference")
+                                    reason="no AMX-BF16 or AVX512-BF16 here: a bfloat16 K/V cache takes the torch "
+                                    "reference")
 
 
 def _bf16_reference(q, k_cache, v_cache, *rest):

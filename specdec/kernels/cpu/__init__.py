@@ -36,10 +36,10 @@ __all__ = ["argmax_rows", "available", "bf16_attention", "blocked_weights", "by_
            "copy_kv_slots", "decode_attention", "decode_layers", "flat_verified_rows", "isa", "linear_q4", "linear_q8",
            "paged_attention", "quantize", "recycle_best_first", "recycle_expand", "recycle_write", "rms_norm",
            "rope_kv", "silu_mul", "top_k_probs", "write_kv"]
-SOURCES = ("attention.cpp", "attention_amx.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp",
+SOURCES = ("attention.cpp", "attention_amx.cpp", "attention_bf16.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp",
            "logit_rows.cpp", "qlinear.cpp", "qlinear_amx.cpp", "qlinear_vnni.cpp", "recycle_matrix.cpp")
-HEADERS = ("amx_tiles.h", "attention_amx.h", "attention_rows.h", "isa.h", "ops.h", "qlinear_amx.h", "qlinear_vnni.h",
-           "vec.h", "vec16.h")
+HEADERS = ("amx_tiles.h", "attention_bf16.h", "attention_rows.h", "bf16_lists.h", "isa.h", "ops.h",
+           "qlinear_amx.h", "qlinear_vnni.h", "vec.h", "vec16.h")
 _HERE = Path(__file__).resolve().parent
 
 
@@ -177,10 +177,11 @@ def isa(request: str = "") -> str:
 
 
 def bf16_attention() -> bool:
-    """Whether the kernels take a bfloat16 K/V cache (attention_amx.cpp): AMX-BF16 at the "amx" level. There a
-    tree's verified rows cost attention next to nothing (tiles of 16 query heads) and the cache's traffic
-    halves; elsewhere a bfloat16 cache runs the torch reference."""
-    return available() and isa() == "amx" and bool(torch.ops.specdec_cpu.bf16_attention())
+    """Whether the kernels take a bfloat16 K/V cache: AMX-BF16 at the "amx" level (attention_amx.cpp, where a
+    tree's verified rows cost attention next to nothing: tiles of 16 query heads), or AVX512-BF16 at the
+    "avx512" level (attention_bf16.cpp: half the instructions of the float32 kernel per query and key). Either
+    way the cache's traffic halves; elsewhere a bfloat16 cache runs the torch reference."""
+    return available() and isa() in ("amx", "avx512") and bool(torch.ops.specdec_cpu.bf16_attention())
 
 
 def flat_verified_rows() -> bool:

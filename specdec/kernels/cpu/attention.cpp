@@ -22,7 +22,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "attention_amx.h"
+#include "attention_bf16.h"
 #include "isa.h"
 #include "ops.h"
 #include "vec.h"
@@ -128,8 +128,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
                   v_cache.is_contiguous(),
               "caches must be [blocks, block_size, kv_heads, D] float32 or bfloat16, contiguous");
   TORCH_CHECK(!bf16 || (isa::bf16_attention() && q.size(2) % 32 == 0),
-              "a bfloat16 K/V cache needs AMX-BF16 (specdec.kernels.cpu.bf16_attention()) and a head size divisible "
-              "by 32");
+              "a bfloat16 K/V cache needs AMX-BF16 or AVX512-BF16 (specdec.kernels.cpu.bf16_attention()) and a head "
+              "size divisible by 32");
   TORCH_CHECK(block_tables.scalar_type() == at::kInt && prefix_lens.scalar_type() == at::kInt &&
                   query_start_loc.scalar_type() == at::kInt,
               "block tables, prefix lengths and query starts must be int32");
@@ -175,7 +175,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
   float* op = out.data_ptr<float>();
   const float sc = static_cast<float>(scale);
   const int64_t num_tasks = static_cast<int64_t>(task_seq.size()) * kv_heads;
-  const bool wide = isa::avx512();
+  const bool wide = isa::avx512(), tiles = isa::bf16_tile_attention();
   at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
     Scratch s;
     std::vector<int64_t> new_keys;
@@ -223,8 +223,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const
       }
       const int64_t p_all = static_cast<int64_t>(s.prefix.size());
       if (bf16) {
-        amx_attention::attend_rows(qp, op, r0, rows, q_heads, h, group, kh, vh, s.prefix.data(), p_all, own, n_own,
-                                   s.visible.data(), s.count.data(), d, sc);
+        (tiles ? amx_attention::attend_rows : bf16_attention::attend_rows)(
+            qp, op, r0, rows, q_heads, h, group, kh, vh, s.prefix.data(), p_all, own, n_own, s.visible.data(),
+            s.count.data(), d, sc);
         continue;
       }
 #if defined(SPECDEC_WIDE_ATTENTION)

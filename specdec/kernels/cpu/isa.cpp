@@ -80,7 +80,23 @@ bool amx_bf16_supported() {
 #endif
 }
 
-bool bf16_attention() { return amx() && amx_bf16_supported(); }
+bool avx512_bf16_supported() {
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__AVX2__)
+  static const bool ok = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return avx512_supported() && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5));
+  }();
+  return ok;
+#else
+  return false;
+#endif
+}
+
+bool bf16_tile_attention() { return amx() && amx_bf16_supported(); }
+
+bool bf16_dot_attention() { return avx512() && !bf16_tile_attention() && avx512_bf16_supported(); }
+
+bool bf16_attention() { return bf16_tile_attention() || bf16_dot_attention(); }
 
 bool avx512() { return current() >= kAvx512; }
 

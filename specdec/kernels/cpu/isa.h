@@ -15,7 +15,13 @@ bool avx512_supported();
 bool amx_supported();
 // AMX-BF16 and AVX512-BF16 on this CPU, with the OS's leave for the tiles.
 bool amx_bf16_supported();
-// Whether attention over a bfloat16 K/V cache can run (attention_amx.cpp): the amx level, and AMX-BF16.
+// AVX512-BF16 on this CPU (vdpbf16ps), besides avx512_supported().
+bool avx512_bf16_supported();
+// Whether attention over a bfloat16 K/V cache runs on AMX tiles (attention_amx.cpp): the amx level, and AMX-BF16.
+bool bf16_tile_attention();
+// Whether it runs with AVX512-BF16 dot products (attention_bf16.cpp): the avx512 level, AVX512-BF16, no tiles.
+bool bf16_dot_attention();
+// Whether attention over a bfloat16 K/V cache can run at all: one of the two above.
 bool bf16_attention();
 // Whether the AVX-512 paths run now (true at the amx level too): supported, unless SPECDEC_CPU_ISA=avx2 or a
 // request chose avx2.
