@@ -137,7 +137,8 @@ class EngineConfig:
     typical_alpha: float = 0.3  # delta
     # The target's K/V cache precision: "auto" (the model's own: float32 for a CPU float32 or int8 model) or
     # "bfloat16" (half the cache memory and traffic; on CPU, attention on AMX tiles, where a tree's extra rows
-    # cost attention next to nothing; it needs AMX-BF16 there). Greedy speculative output still equals plain
+    # cost attention next to nothing, or with AVX512-BF16 dot products, where they cost about half; it needs
+    # one of the two there). Greedy speculative output still equals plain
     # output at either precision: only the model's numbers change, as with any precision choice.
     kv_cache_dtype: str = "auto"
     # On a GPU, steps of up to this many new tokens (decodes, tree verifications) replay CUDA graphs captured

@@ -35,7 +35,7 @@ def bench(
     kv_cache_tokens: Optional[int] = typer.Option(None, help="KV cache per method's engine (default: the engine's; "
                                                            "smaller lets many methods share a small machine)."),
     kv_cache_dtype: str = typer.Option("auto", help="Every method's K/V cache precision: auto, float32, or "
-                                                    "bfloat16 (on CPU needs AMX-BF16)."),
+                                                    "bfloat16 (on CPU needs AMX-BF16 or AVX512-BF16)."),
     adaptive: bool = typer.Option(True, help="Adaptive speculation, as `generate` runs by default; --no-adaptive "
                                              "drafts every method's full tree every step."),
     cuda_graphs: bool = typer.Option(True, help="On a GPU, replay decode and tree-verification steps from CUDA "
