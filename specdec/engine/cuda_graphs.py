@@ -23,6 +23,7 @@ the largest bucket run eagerly.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -127,6 +128,14 @@ class _Graph:
         return self.logits[: tokens.shape[0]].clone()  # the next replay overwrites the graph's output
 
 
+def graphs_apply(model: LlamaModel) -> bool:
+    """Whether this model's steps can be captured: on CUDA with the Triton kernels (the torch reference reads
+    its metadata on the host, which a capture forbids; `SPECDEC_FORCE_REFERENCE=1` selects it)."""
+    from specdec.kernels.dispatch import _triton_module
+
+    return model.device.type == "cuda" and _triton_module() is not None
+
+
 class CudaGraphs:
     """The captured graphs of one target runner, by bucket; `None` from `forward` means: run eagerly."""
 
@@ -137,7 +146,7 @@ class CudaGraphs:
         # Table width of every graph: the longest sequence the model allows, or the whole pool if smaller.
         longest = -(-model.config.max_position // cache.block_size) + 1
         self.width = min(cache.pool.num_blocks, longest)
-        self.graphs: dict[StepShape, _Graph] = {}
+        self.graphs: dict[StepShape, _Graph | None] = {}  # None: its capture failed, that shape runs eagerly
 
     def forward(self, tokens: Tensor, positions: Tensor, ctx: AttentionContext) -> Tensor | None:
         """The logits of every row of this step from a replayed graph, or None where no graph serves it."""
@@ -146,8 +155,17 @@ class CudaGraphs:
         shape = StepShape.of(ctx, tokens.shape[0])
         if shape.tokens > self.max_tokens:
             return None
-        graph = self.graphs.get(shape)
-        if graph is None:
-            buffers = _Buffers(shape, self.width, self.cache.scratch_slot, tokens.device)
-            graph = self.graphs[shape] = _Graph(self.model, self.cache, buffers)
-        return graph.replay(tokens, positions, ctx)
+        if shape not in self.graphs:
+            self.graphs[shape] = self._capture(shape, tokens.device)
+        graph = self.graphs[shape]
+        return None if graph is None else graph.replay(tokens, positions, ctx)
+
+    def _capture(self, shape: StepShape, device: torch.device) -> _Graph | None:
+        """A new graph for `shape`, or None (with one warning) where capturing fails: that shape then runs eagerly,
+        which is always correct, rather than failing the request."""
+        try:
+            return _Graph(self.model, self.cache, _Buffers(shape, self.width, self.cache.scratch_slot, device))
+        except RuntimeError as error:
+            warnings.warn(f"specdec: CUDA graph capture failed for {shape}; those steps run eagerly ({error})",
+                          RuntimeWarning, stacklevel=3)
+            return None

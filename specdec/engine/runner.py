@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from specdec.engine.cuda_graphs import CudaGraphs
+from specdec.engine.cuda_graphs import CudaGraphs, graphs_apply
 from specdec.errors import OutOfBlocksError
 from specdec.kvcache import BlockTable, PagedKVCache
 from specdec.models.context import AttentionContext
@@ -70,7 +70,7 @@ class ModelRunner:
         """`kv_cache_dtype`: EngineConfig's choice ("auto": the model's own, `model.kv_cache_dtype`).
         `graph_tokens`: on CUDA, steps of up to this many new tokens replay CUDA graphs (0: never)."""
         c = model.config
-        graphed = graph_tokens > 0 and model.device.type == "cuda" and num_layers is None
+        graphed = graph_tokens > 0 and num_layers is None and graphs_apply(model)
         cache = PagedKVCache(num_layers or c.num_layers, num_blocks, block_size, c.num_kv_heads, c.head_dim,
                              dtype=model.cache_dtype(kv_cache_dtype), device=model.device,
                              prefix_caching=prefix_caching, scratch=graphed)

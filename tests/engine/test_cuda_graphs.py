@@ -162,3 +162,20 @@ def test_no_graphs_on_cpu_or_when_switched_off():
     runner = ModelRunner.create(model, 16, 16, graph_tokens=256)
     assert runner.graphs is None and runner.cache.scratch_slot is None
     assert runner.cache.layers[0][0].shape[0] == 16
+
+
+def test_a_failed_capture_warns_once_and_leaves_that_shape_eager():
+    """A capture that fails (here: no CUDA at all) must not fail the request: that shape runs eagerly from then
+    on, with one warning."""
+    from specdec.engine.cuda_graphs import CudaGraphs
+    from specdec.models.loader import load_model
+
+    model = load_model("dummy:tiny-llama", "cpu", "float32", show_progress=False).model
+    cache = PagedKVCache(len(model.layers), 16, 16, model.config.num_kv_heads, model.config.head_dim, scratch=True)
+    graphs = CudaGraphs(model, cache, max_tokens=64)
+    table = _filled(cache, 5)
+    step = pack(cache, [Chunk(table, [1], [5])], CPU)
+    with pytest.warns(RuntimeWarning, match="CUDA graph capture failed"):
+        assert graphs.forward(step.tokens, step.positions, step.ctx) is None
+    assert list(graphs.graphs.values()) == [None]
+    assert graphs.forward(step.tokens, step.positions, step.ctx) is None  # no second warning, no second try
