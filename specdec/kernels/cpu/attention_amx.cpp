@@ -200,13 +200,8 @@ void attend_rows(const float* q, float* out, int64_t r0, int64_t rows, int64_t q
   s.w.resize(nqp * width);
   std::fill(s.w.begin() + nq * width, s.w.end(), 0);  // the padding queries' rows
   s.total.resize(nq);
-  for (int64_t qi = 0; qi < nq; ++qi) {
-    const int64_t r = qi / group, m = count[r];
-    float* x = s.scores.data() + qi * width;
-    if (!s.shared[r])
-      for (int64_t k = 0; k < m; ++k) x[p + k] = x[p + visible[r * n_new + k]];
-    s.total[qi] = list_weights(x, p + m, scale, s.w.data() + qi * width, width);
-  }
+  query_weights(s.scores.data(), s.w.data(), s.total.data(), nq, group, p, count, visible, n_new, s.shared, scale,
+                width);
   // Values of the shared list, step by step.
   s.vt.resize(steps * vtiles * kT * kStep);
   for (int64_t st = 0; st < steps; ++st)
@@ -242,10 +237,7 @@ void attend_rows(const float* q, float* out, int64_t r0, int64_t rows, int64_t q
       for (int64_t r = first_row; r <= last_row && !all_shared; ++r) {
         if (s.shared[r]) continue;
         // its list from the first step it takes on its own: the prefix's tail, then its visible new keys
-        const int64_t len = p + count[r], from = full * kStep;
-        s.list.resize(len - from);
-        std::copy(prefix + from, prefix + p, s.list.begin());
-        for (int64_t c = 0; c < count[r]; ++c) s.list[p - from + c] = new_keys[visible[r * n_new + c]];
+        const int64_t len = own_list(prefix, p, full * kStep, new_keys, visible + r * n_new, count[r], s.list);
         for (int64_t st = full; st * kStep < len; ++st) {
           pack_values(v_base, s.list.data() + (st - full) * kStep, std::min<int64_t>(kStep, len - st * kStep), d,
                       s.own.data());

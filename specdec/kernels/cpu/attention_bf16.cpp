@@ -196,13 +196,8 @@ void attend_rows(const float* q, float* out, int64_t r0, int64_t rows, int64_t q
   // Each query's list (its visible new keys moved up behind the prefix), weights and denominator.
   s.w.resize(nq * width);
   s.total.resize(nq);
-  for (int64_t qi = 0; qi < nq; ++qi) {
-    const int64_t r = qi / group, m = count[r];
-    float* x = s.scores.data() + qi * width;
-    if (!s.shared[r])
-      for (int64_t k = 0; k < m; ++k) x[p + k] = x[p + visible[r * n_new + k]];
-    s.total[qi] = list_weights(x, p + m, scale, s.w.data() + qi * width, width);
-  }
+  query_weights(s.scores.data(), s.w.data(), s.total.data(), nq, group, p, count, visible, n_new, s.shared, scale,
+                width);
   // Values: the shared list's steps for every query whose list holds them (a row with its own list, up to the
   // last step of committed keys only), then each such row's own steps.
   const int64_t full = p / kStep;
@@ -228,10 +223,7 @@ void attend_rows(const float* q, float* out, int64_t r0, int64_t rows, int64_t q
   }
   for (int64_t r = 0; r < rows; ++r) {
     if (s.shared[r]) continue;
-    const int64_t len = p + count[r], from = full * kStep;
-    s.list.resize(len - from);
-    std::copy(prefix + from, prefix + p, s.list.begin());
-    for (int64_t c = 0; c < count[r]; ++c) s.list[p - from + c] = new_keys[visible[r * n_new + c]];
+    const int64_t len = own_list(prefix, p, full * kStep, new_keys, visible + r * n_new, count[r], s.list);
     ids.clear();
     for (int64_t g = 0; g < group; ++g) ids.push_back(r * group + g);
     for (int64_t st = full; st * kStep < len; ++st) {

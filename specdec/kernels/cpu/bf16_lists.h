@@ -85,6 +85,32 @@ inline float list_weights(const float* x, int64_t len, float scale, uint16_t* wq
   return _mm512_reduce_add_ps(sum);
 }
 
+// Every query's weights and denominator over its own list (`list_weights`): scores and w are [nq, width], query
+// qi of row qi / group; a row whose list is not a prefix of the shared one (`shared`) first has its visible new
+// keys' scores moved up behind the prefix, in its node order.
+inline void query_weights(float* scores, uint16_t* w, float* total, int64_t nq, int64_t group, int64_t p,
+                          const int64_t* count, const int64_t* visible, int64_t n_new, const std::vector<char>& shared,
+                          float scale, int64_t width) {
+  for (int64_t qi = 0; qi < nq; ++qi) {
+    const int64_t r = qi / group, m = count[r];
+    float* x = scores + qi * width;
+    if (!shared[r])
+      for (int64_t k = 0; k < m; ++k) x[p + k] = x[p + visible[r * n_new + k]];
+    total[qi] = list_weights(x, p + m, scale, w + qi * width, width);
+  }
+}
+
+// One row's own list from entry `from` on (a whole number of steps into the prefix), into `list`: the prefix's
+// tail, then the row's `count` visible new keys (`row_visible`: indices into new_keys). Returns the length of
+// the row's whole list.
+inline int64_t own_list(const int64_t* prefix, int64_t p, int64_t from, const int64_t* new_keys,
+                        const int64_t* row_visible, int64_t count, std::vector<int64_t>& list) {
+  list.resize(p + count - from);
+  std::copy(prefix + from, prefix + p, list.begin());
+  for (int64_t c = 0; c < count; ++c) list[p - from + c] = new_keys[row_visible[c]];
+  return p + count;
+}
+
 // V tiles of one step: entries `list[0 .. n)` (element offsets, n <= 32; the rest zero) -> D / 16 tiles, row i
 // of each holding entries 2i and 2i + 1 interleaved (the pair layout of tdpbf16ps) for 16 dimensions. Per 32
 // dimensions 32c .. 32c + 31, one unpack each (within 128-bit lanes, the cheap interleave) makes tile 2c of
