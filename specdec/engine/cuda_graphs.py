@@ -131,9 +131,9 @@ class _Graph:
 def graphs_apply(model: LlamaModel) -> bool:
     """Whether this model's steps can be captured: on CUDA with the Triton kernels (the torch reference reads
     its metadata on the host, which a capture forbids; `SPECDEC_FORCE_REFERENCE=1` selects it)."""
-    from specdec.kernels.dispatch import _triton_module
+    from specdec.kernels.dispatch import triton_active
 
-    return model.device.type == "cuda" and _triton_module() is not None
+    return model.device.type == "cuda" and triton_active()
 
 
 class CudaGraphs:
@@ -150,10 +150,10 @@ class CudaGraphs:
 
     def forward(self, tokens: Tensor, positions: Tensor, ctx: AttentionContext) -> Tensor | None:
         """The logits of every row of this step from a replayed graph, or None where no graph serves it."""
-        if tokens.shape[0] > self.max_tokens or ctx.block_tables.shape[1] > self.width:
+        if ctx.block_tables.shape[1] > self.width:
             return None
         shape = StepShape.of(ctx, tokens.shape[0])
-        if shape.tokens > self.max_tokens:
+        if shape.tokens > self.max_tokens:  # a bucket holds at least the step's tokens
             return None
         if shape not in self.graphs:
             self.graphs[shape] = self._capture(shape, tokens.device)

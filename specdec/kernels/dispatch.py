@@ -28,6 +28,11 @@ def _triton_module() -> ModuleType | None:
     return triton_kernels
 
 
+def triton_active() -> bool:
+    """Whether CUDA tensors get the Triton kernels (not the torch reference)."""
+    return _triton_module() is not None
+
+
 def backend_for(tensor: Tensor) -> ModuleType:
     """The module whose kernels serve tensors on this device."""
     if tensor.is_cuda:

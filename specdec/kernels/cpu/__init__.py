@@ -36,8 +36,8 @@ __all__ = ["argmax_rows", "available", "bf16_attention", "blocked_weights", "by_
            "copy_kv_slots", "decode_attention", "decode_layers", "flat_verified_rows", "isa", "linear_q4", "linear_q8",
            "paged_attention", "quantize", "recycle_best_first", "recycle_expand", "recycle_write", "rms_norm",
            "rope_kv", "silu_mul", "top_k_probs", "write_kv"]
-SOURCES = ("attention.cpp", "attention_amx.cpp", "attention_bf16.cpp", "forward.cpp", "fused.cpp", "isa.cpp", "kv_copy.cpp",
-           "logit_rows.cpp", "qlinear.cpp", "qlinear_amx.cpp", "qlinear_vnni.cpp", "recycle_matrix.cpp")
+SOURCES = ("attention.cpp", "attention_amx.cpp", "attention_bf16.cpp", "forward.cpp", "fused.cpp", "isa.cpp",
+           "kv_copy.cpp", "logit_rows.cpp", "qlinear.cpp", "qlinear_amx.cpp", "qlinear_vnni.cpp", "recycle_matrix.cpp")
 HEADERS = ("amx_tiles.h", "attention_bf16.h", "attention_rows.h", "bf16_lists.h", "isa.h", "ops.h",
            "qlinear_amx.h", "qlinear_vnni.h", "vec.h", "vec16.h")
 _HERE = Path(__file__).resolve().parent
