@@ -13,7 +13,8 @@ h_{n-2} guesses f_{n-1} and its logits give the depth-1 candidates. A node at de
 
 State per sequence: the drafter's own paged KV cache holds the committed pairs, and a buffer holds the
 features not yet fed (prompt features from `observe_prefill`, accepted-node features from `commit`). When the
-engine reuses a cached prompt prefix, the target computes no features there, and the drafter recomputes them.
+engine reuses a cached prompt prefix, the target computes no features there: the drafter keeps every full block's
+features it has seen by prefix-cache entry (`prefix_features.py`) and recomputes only what it never saw.
 Steps the engine's adaptive planner runs without drafting only add to the buffer; the next propose catches up. Each
 `propose` first feeds the pending pairs (one batched forward whose last rows also give depth 1), then
 drafts, then truncates its cache back to the committed pairs: rollback is a truncate.
@@ -38,6 +39,7 @@ from specdec.drafters.heads.draft_folder import alias_of
 from specdec.drafters.heads.eagle_checkpoint import default_feature_layers, load_eagle
 from specdec.drafters.heads.eagle_model import EaglePredictor, paged_attend
 from specdec.drafters.heads.reduced_vocab import ReducedHead, draft_vocab, reduced_from
+from specdec.drafters.prefix_features import FeatureLog, PrefixFeatureStore
 from specdec.drafters.model_drafter import Feed, ModelDrafter, sampling_options, spare_blocks
 from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.runner import Chunk, pack
@@ -61,6 +63,7 @@ DEFAULT_TREE = dynamic(depth=5, topk=3, budget=7)
 class _State:
     table: BlockTable = field(default_factory=BlockTable)  # one cache entry per committed pair (f_t, x_{t+1})
     pending: Tensor | None = None  # [m, F] target features of positions table.length .. table.length + m - 1
+    log: FeatureLog | None = None  # the features seen, block by block into the drafter's prefix store
 
 
 class EagleDrafter(ModelDrafter):
@@ -80,7 +83,9 @@ class EagleDrafter(ModelDrafter):
         self.cache = PagedKVCache(1, engine.num_blocks + spare_blocks(engine), engine.block_size, c.num_kv_heads,
                                   c.head_dim, dtype=target.dtype, device=target.device)
         self.num_features = len(self.feature_layers) or 1
-        self._prefix_memo: dict[tuple[int, ...], Tensor] = {}
+        # Features of prefix-cached blocks, which the target does not compute again (prefix_features.py)
+        self.prefix_features = (PrefixFeatureStore(engine.block_size, engine.num_blocks)
+                                if engine.enable_prefix_caching else None)
 
     def default_tree(self) -> TreeSpec:
         return self._tree
@@ -95,6 +100,7 @@ class EagleDrafter(ModelDrafter):
         if state.pending is None:
             width = self.num_features * self.predictor.config.hidden_size
             state.pending = torch.zeros(0, width, dtype=self.target.dtype, device=self.target.device)
+            state.log = FeatureLog(self.prefix_features) if self.prefix_features is not None else None
         return state
 
     def table(self, seq: Sequence) -> BlockTable:
@@ -106,35 +112,39 @@ class EagleDrafter(ModelDrafter):
         if start < known:  # already seen (a re-observed chunk): keep what we have
             features, start = features[known - start:], known
         if start > known:  # the engine reused cached K/V for a shared prefix: the target never ran there
-            features = torch.cat([self._prefix_features(seq.token_ids[:start])[known:].to(features.dtype), features])
+            features = torch.cat([self._prefix_features(seq, start)[known:].to(features.dtype), features])
         if features.shape[0]:
-            state.pending = torch.cat([state.pending, features.to(state.pending.dtype)])
+            self._append(seq, state, known, features)
+
+    def _append(self, seq: Sequence, state: _State, start: int, features: Tensor) -> None:
+        """Target features of positions `start ..` (the next ones this sequence lacks) join the pending ones."""
+        state.pending = torch.cat([state.pending, features.to(state.pending.dtype)])
+        if state.log is not None:
+            state.log.add(start, features.to(state.pending.dtype), seq.table)
 
     @torch.inference_mode()
-    def _prefix_features(self, tokens: list[int]) -> Tensor:
-        """Target features `[len(tokens), F]` for a prefix whose K/V the engine took from its prefix cache.
+    def _prefix_features(self, seq: Sequence, length: int) -> Tensor:
+        """Target features `[length, F]` of a prefix whose K/V the engine took from its prefix cache.
 
-        The engine skips the target forward over a cached prefix (a shared system prompt, say), so no features
-        come for it; a dense forward recomputes them. The last few prefixes are remembered, since requests
-        that share a cached prefix usually share it with many others."""
-        key = tuple(tokens)
-        if key not in self._prefix_memo:
-            ids = torch.tensor([tokens], dtype=torch.int64, device=self.target.device)
-            capture = {i: None for i in self.feature_layers} if self.feature_layers else None
-            hidden = dense_forward(self.target, ids, capture)[0]
-            if capture:
-                hidden = torch.cat([capture[i][0] for i in self.feature_layers], dim=-1)
-            if len(self._prefix_memo) >= 8:
-                self._prefix_memo.pop(next(iter(self._prefix_memo)))
-            self._prefix_memo[key] = hidden
-        return self._prefix_memo[key]
+        The engine skips the target forward over a cached prefix (a shared system prompt, the history a chat
+        client sends again, say), so no features come for it: the store has them where this drafter saw those
+        blocks before, else a dense forward recomputes them."""
+        stored = self.prefix_features.lookup(seq.table, length) if self.prefix_features is not None else None
+        if stored is not None:
+            return stored
+        ids = torch.tensor([seq.token_ids[:length]], dtype=torch.int64, device=self.target.device)
+        capture = {i: None for i in self.feature_layers} if self.feature_layers else None
+        hidden = dense_forward(self.target, ids, capture)[0]
+        if capture:
+            hidden = torch.cat([capture[i][0] for i in self.feature_layers], dim=-1)
+        return hidden
 
     def commit(self, seqs: list[Sequence], results: list[VerifyResult]) -> None:
         for seq, result in zip(seqs, results):
             if result.hidden is None:
                 raise RuntimeError("EAGLE needs the target's features; the engine gave none")
             state = self.state(seq)
-            state.pending = torch.cat([state.pending, result.hidden.to(state.pending.dtype)])
+            self._append(seq, state, state.table.length + state.pending.shape[0], result.hidden)
 
     # ----------------------------------------------------------------------------------------- forward
     def _catch_up(self, seqs: list[Sequence]) -> list[Feed]:

@@ -14,6 +14,7 @@ from specdec.drafters.base import DrafterContext
 from specdec.drafters.eagle import DEFAULT_TREE, EagleDrafter, build_eagle
 from specdec.drafters.heads.eagle_checkpoint import expected_shapes, load_eagle, published_tensors
 from specdec.drafters.heads.eagle_model import EagleConfig
+from specdec.drafters.prefix_features import PrefixFeatureStore
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.kvcache import BlockTable
 from specdec.models.dummy import DUMMY_SHAPES, dummy_config
@@ -170,10 +171,11 @@ def test_sampled_chains_carry_their_draft_distribution():
 
 
 @pytest.mark.parametrize("version", [1, 3])
-@pytest.mark.parametrize("shared_prefix", [False, True], ids=["fresh", "prefix-cached"])
+@pytest.mark.parametrize("shared_prefix", [False, "stored", "recomputed"])
 def test_kv_rollback_matches_a_fresh_drafter(version, shared_prefix):
-    """After several verify/commit steps (and, with a prefix-cache hit, features the drafter had to recompute),
-    the drafter's cache and proposals equal those of a fresh drafter given the committed prefix at once."""
+    """After several verify/commit steps (and, with a prefix-cache hit, features the drafter kept from the first
+    request or had to recompute), the drafter's cache and proposals equal those of a fresh drafter given the
+    committed prefix at once."""
     target = tiny_model(seed=5, vocab=32, sharpness=3.0)
     predictor = random_predictor(target, version, seed=2)
     layers = feature_layers(version)
@@ -184,6 +186,9 @@ def test_kv_rollback_matches_a_fresh_drafter(version, shared_prefix):
         prompt = [(7 * i) % 32 for i in range(20)]
         engine.add_request(prompt[:18], SamplingParams(max_new_tokens=2, ignore_eos=True))
         run_all(engine)
+        assert len(drafter.prefix_features) == 1
+        if shared_prefix == "recomputed":  # the store lost the block: a dense forward over the prefix instead
+            drafter.prefix_features = PrefixFeatureStore(16, 8)
     seq = engine.add_request(prompt, SamplingParams(max_new_tokens=40, ignore_eos=True))
     for _ in range(7):
         engine.step()
