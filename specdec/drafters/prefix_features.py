@@ -2,9 +2,10 @@
 
 The engine's prefix cache skips the target forward over a prompt's cached blocks, and with it the features an
 EAGLE predictor reads there. Recomputing them takes a dense target forward over the whole prefix, which costs
-more than the prefill the cache saved: where prompts come back (a chat client resends the history every turn, a
-benchmark repeats its prompts, a preempted request starts over) `eagle` ran at 0.69x of plain decode, four
-requests at a time, against 0.97x with prefix caching off.
+more than the prefill the cache saved where prompts come back (a chat client resends the history every turn, a
+benchmark repeats its prompts, a preempted request starts over): `eagle` ran the test prompts a second time, four
+at a time, at 0.56x of plain decode recomputing, 0.95x keeping them; and two-turn chats at 1.15x against 1.25x
+(bench/prefix_features_ab.py, bench/results/prefix_features/).
 
 So the drafter keeps the features of every full block it has seen, keyed by the prefix cache's entry id for
 that block (`BlockTable.cached`): an entry names one exact chain of tokens (the cache confirms the tokens and
