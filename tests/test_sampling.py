@@ -100,6 +100,25 @@ def test_top_p_always_keeps_at_least_the_most_likely_token():
     assert probs[0].tolist() == pytest.approx([0.0, 1.0, 0.0, 0.0])
 
 
+def _top_p_by_full_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The definition, over a full descending sort (what `_top_p` computed before it looked among the top k)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    sorted_probs = sorted_probs.masked_fill(sorted_probs.cumsum(-1) - sorted_probs >= top_p, 0.0)
+    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return kept / kept.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("sharpness", [0.3, 1.0, 3.0, 8.0])  # 0.3: nearly flat rows, whose nucleus needs k to grow
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.99, 0.999999])
+def test_top_p_over_a_large_vocabulary_is_the_full_sort_definition(sharpness, top_p):
+    gen = torch.Generator().manual_seed(int(sharpness * 10) + int(top_p * 1000))
+    logits = torch.randn(6, 49152, generator=gen) * sharpness
+    probs = target_probs(logits, SamplingParams(temperature=0.7, top_p=top_p))
+    expect = _top_p_by_full_sort(torch.softmax(logits / 0.7, dim=-1), top_p)
+    assert torch.equal(probs > 0, expect > 0)
+    torch.testing.assert_close(probs, expect, rtol=1e-6, atol=1e-9)
+
+
 def test_top_p_is_applied_after_top_k():
     # top-k 3 leaves 0.5, 0.25, 0.15 renormalised to 0.556, 0.278, 0.167; top-p 0.8 then needs the first two
     probs = target_probs(logits_of([0.1, 0.5, 0.15, 0.25]), SamplingParams(temperature=1.0, top_k=3, top_p=0.8))
@@ -133,6 +152,19 @@ def test_sample_only_returns_tokens_with_probability():
     probs = torch.tensor([0.0, 0.7, 0.0, 0.3])
     draws = {sample(probs, gen) for _ in range(200)}
     assert draws == {1, 3}
+
+
+def test_sample_follows_its_distribution():
+    """Pearson's chi-square over 20,000 draws from a skewed row with zeros at both ends (the 1e-4 critical value
+    for 5 degrees of freedom is 25.7); one token shifted to its neighbour's slot fails it."""
+    probs = torch.tensor([0.0, 0.02, 0.08, 0.4, 0.0, 0.25, 0.15, 0.1, 0.0])
+    gen = make_generator(7, CPU)
+    n = 20_000
+    counts = torch.bincount(torch.tensor([sample(probs, gen) for _ in range(n)]), minlength=probs.numel()).double()
+    live = probs > 0
+    assert counts[~live].sum() == 0
+    expected = probs[live].double() * n
+    assert float(((counts[live] - expected) ** 2 / expected).sum()) < 25.7
 
 
 def test_uniform_draws_lie_in_the_unit_interval():

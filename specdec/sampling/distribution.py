@@ -42,18 +42,38 @@ def _min_p(probs: Tensor, min_p: float) -> Tensor:
     return kept / kept.sum(-1, keepdim=True)
 
 
+TOP_P_FIRST_K = 256  # candidates the nucleus is first looked for among (then four times as many, ...)
+
+
 def _top_p(probs: Tensor, top_p: float) -> Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one), renormalised."""
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    mass_before = sorted_probs.cumsum(-1) - sorted_probs
-    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
-    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    """Keep the smallest set of most likely tokens whose mass reaches top_p (at least one), renormalised.
+
+    The nucleus is looked for among the k likeliest tokens, k = 256, 1024, ... up to the whole row, and k stops
+    growing once every row's k likeliest reach `top_p`: a token past them has at least their mass before it, so
+    it is out, and within them the running sums are those of a full descending sort (the same prefix, summed in
+    the same order). A full sort of a 49,152-token row cost 4.4 ms, most of a step; a top-256 0.1 ms."""
+    vocab = probs.shape[-1]
+    k = min(TOP_P_FIRST_K, vocab)
+    while True:
+        # descending; past a quarter of the row a whole sort is cheaper than a top-k
+        values, order = probs.topk(k, dim=-1) if 4 * k <= vocab else probs.sort(dim=-1, descending=True)
+        running = values.cumsum(-1)
+        if values.shape[-1] == vocab or bool((running[..., -1] >= top_p).all()):
+            break
+        k *= 4
+    values = values.masked_fill(running - values >= top_p, 0.0)
+    kept = torch.zeros_like(probs).scatter_(-1, order, values)
     return kept / kept.sum(-1, keepdim=True)
 
 
 def sample(probs: Tensor, generator: torch.Generator | None) -> int:
-    """One token from a distribution `[V]`."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """One token from a distribution `[V]`, by inverting its running sum at one uniform draw: the first token
+    whose running sum exceeds u * total (a token of probability 0 adds nothing, so it is never the first).
+    torch.multinomial took 1.0 ms for one draw from a 49,152-token row on this CPU, this 0.06 ms; sums in
+    float64, so rounding moves no token's share by more than about 1e-12."""
+    running = probs.double().cumsum(-1)
+    u = torch.rand((1,), generator=generator, dtype=torch.float64, device=probs.device) * running[-1]
+    return min(int(torch.searchsorted(running, u, right=True).item()), probs.shape[-1] - 1)
 
 
 def uniform(generator: torch.Generator | None, device: torch.device) -> float:

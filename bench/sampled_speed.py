@@ -1,0 +1,63 @@
+"""Sampled decoding speed at batch 1: plain decode and drafters at a temperature (and top-p), interleaved.
+
+    OMP_NUM_THREADS=1 python bench/sampled_speed.py [--methods "none;hybrid:suffix+recycle;eagle;recycle"]
+        [--temperature 0.7] [--top-p 0.9] [--split dev] [--per-category 1] [--max-new-tokens 128]
+
+`specdec bench` measures greedy decoding; users of a chat API mostly sample. One int8 target, one thread; each
+prompt runs through every method in turn (seed = the prompt's index, so every method samples from the same
+seeded stream), and the table gives tok/s over all prompts, the ratio to the first method and tau (tokens per
+target step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specdec import LLM, SamplingParams  # noqa: E402
+from specdec.data import CATEGORIES, bench_prompts  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--methods", default="none;hybrid:suffix+recycle;eagle;recycle")
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float, default=0.9)
+    parser.add_argument("--split", default="dev")
+    parser.add_argument("--per-category", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    base = LLM(args.target, quantize="int8", show_progress=False, num_threads=1)
+    methods = args.methods.split(";")
+    llms = {m: LLM.from_loaded(base.loaded, drafter=m, quantize="int8") for m in methods}
+    prompts = [p["prompt"] for c in CATEGORIES for p in bench_prompts([c], args.split)[: args.per_category]]
+    for llm in llms.values():  # warm-up
+        llm.generate(["Hello"], SamplingParams(max_new_tokens=8, temperature=args.temperature, seed=0))
+    totals = {m: [0, 0.0, 0] for m in methods}  # tokens, seconds, target steps
+    for i, prompt in enumerate(prompts):
+        for m, llm in llms.items():
+            params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                                    top_p=args.top_p, seed=i)
+            start = time.perf_counter()
+            out = llm.generate([prompt], params)[0]
+            totals[m][1] += time.perf_counter() - start
+            totals[m][0] += len(out.token_ids)
+            totals[m][2] += out.metrics.target_steps
+    print(f"{len(prompts)} {args.split} prompts, T={args.temperature}, top-p {args.top_p}, up to "
+          f"{args.max_new_tokens} new tokens, int8, one thread")
+    print(f"| method | tok/s | over {methods[0]} | tau |\n|---|---|---|---|")
+    first = totals[methods[0]][0] / totals[methods[0]][1]
+    for m, (tokens, seconds, steps) in totals.items():
+        print(f"| {m} | {tokens / seconds:.1f} | {tokens / seconds / first:.2f}x | {tokens / max(steps, 1):.2f} |")
+
+
+if __name__ == "__main__":
+    main()
