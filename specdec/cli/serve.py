@@ -78,7 +78,9 @@ def serve(
                               adaptive_speculation=adaptive, enable_prefix_caching=prefix_caching,
                               prefill_tokens_while_decoding=prefill_while_decoding)
         llm = load_llm(target, device, dtype, quantize, drafter, tree, config, threads)
-        server = create_app(llm, model_name, max_waiting)
+        # The id clients send is what the user named, not the folder an alias resolved to: a client of
+        # `specdec serve` (target smollm2-135m) asking for model "smollm2-135m" got a 404 naming a cache path.
+        server = create_app(llm, model_name or target, max_waiting)
     except SpecdecError as exc:
         fail(str(exc))
     uvicorn.run(server.app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)

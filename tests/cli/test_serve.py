@@ -43,3 +43,28 @@ def test_serve_bad_options_get_one_clear_line():
     assert_user_error(run_cli("serve", "--target", "dummy:tiny-llama", "--drafter", "nope"), "unknown drafter")
     assert_user_error(run_cli("serve", "--target", "dummy:tiny-llama", "--prefill-while-decoding", "-1"),
                       "--prefill-while-decoding")
+
+
+def test_serve_names_the_model_as_the_user_named_the_target(monkeypatch):
+    """An alias resolves to a folder before loading; clients still ask for the alias (the default: --target)."""
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    import specdec.cli.generate as generate
+    from specdec.api import LLM
+    from specdec.cli.serve import serve
+
+    def load_resolved(target, *args):  # what load_llm does for an alias: load from the folder it resolves to
+        llm = LLM("dummy:tiny-llama", show_progress=False, num_threads=1)
+        llm.target = f"/cache/models/{target}"
+        return llm
+
+    apps = []
+    monkeypatch.setattr(generate, "load_llm", load_resolved)
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: apps.append(app))
+    serve(target="smollm2-135m", device="cpu", dtype="float32", quantize=None, drafter="none", tree=None,
+          host="127.0.0.1", port=0, model_name=None, max_num_seqs=4, max_waiting=4, kv_cache_tokens=1024,
+          kv_cache_dtype="auto", threads=1, adaptive=True, prefix_caching=True, prefill_while_decoding=None,
+          log_level="warning")
+    served = TestClient(apps[0]).get("/v1/models").json()["data"][0]["id"]
+    assert served == "smollm2-135m"
