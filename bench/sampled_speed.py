@@ -1,7 +1,8 @@
 """Sampled decoding speed at batch 1: plain decode and drafters at a temperature (and top-p), interleaved.
 
     OMP_NUM_THREADS=1 python bench/sampled_speed.py [--methods "none;hybrid:suffix+recycle;eagle;recycle"]
-        [--temperature 0.7] [--top-p 0.9] [--split dev] [--per-category 1] [--max-new-tokens 128]
+        [--temperature 0.7] [--top-p 0.9] [--repetition-penalty 1.0] [--frequency-penalty 0.0]
+        [--split dev] [--per-category 1] [--max-new-tokens 128]
 
 `specdec bench` measures greedy decoding; users of a chat API mostly sample. One int8 target, one thread; each
 prompt runs through every method in turn (seed = the prompt's index, so every method samples from the same
@@ -30,6 +31,8 @@ def main() -> None:
     parser.add_argument("--methods", default="none;hybrid:suffix+recycle;eagle;recycle")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=0.9)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0)
+    parser.add_argument("--frequency-penalty", type=float, default=0.0)
     parser.add_argument("--split", default="dev")
     parser.add_argument("--per-category", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -45,14 +48,16 @@ def main() -> None:
     for i, prompt in enumerate(prompts):
         for m, llm in llms.items():
             params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                    top_p=args.top_p, seed=i)
+                                    top_p=args.top_p, repetition_penalty=args.repetition_penalty,
+                                    frequency_penalty=args.frequency_penalty, seed=i)
             start = time.perf_counter()
             out = llm.generate([prompt], params)[0]
             totals[m][1] += time.perf_counter() - start
             totals[m][0] += len(out.token_ids)
             totals[m][2] += out.metrics.target_steps
-    print(f"{len(prompts)} {args.split} prompts, T={args.temperature}, top-p {args.top_p}, up to "
-          f"{args.max_new_tokens} new tokens, int8, one thread")
+    print(f"{len(prompts)} {args.split} prompts, T={args.temperature}, top-p {args.top_p}, repetition penalty "
+          f"{args.repetition_penalty}, frequency penalty {args.frequency_penalty}, up to {args.max_new_tokens} new "
+          "tokens, int8, one thread")
     print(f"| method | tok/s | over {methods[0]} | tau |\n|---|---|---|---|")
     first = totals[methods[0]][0] / totals[methods[0]][1]
     for m, (tokens, seconds, steps) in totals.items():

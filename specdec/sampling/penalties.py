@@ -16,13 +16,17 @@ from specdec.sampling.history import RowHistory
 
 
 def apply_penalties(logits: Tensor, history: RowHistory, params: SamplingParams) -> Tensor:
-    """`logits [N, V]` float32 -> penalised logits (a new tensor)."""
-    r = params.repetition_penalty
+    """`logits [N, V]` float32 -> penalised logits (a new tensor). Only the history's columns can change, so
+    those are taken out, penalised and put back: the same operations on each of them as over the whole row."""
+    r, f, p = params.repetition_penalty, params.frequency_penalty, params.presence_penalty
+    if r == 1.0 and not f and not p:
+        return logits
+    sub = logits.index_select(1, history.ids)
     if r != 1.0:
-        penalised = torch.where(logits > 0, logits / r, logits * r)
-        logits = torch.where(history.seen, penalised, logits)
-    if params.frequency_penalty:
-        logits = logits - params.frequency_penalty * history.output_counts
-    if params.presence_penalty:
-        logits = logits - params.presence_penalty * (history.output_counts > 0).float()
-    return logits
+        penalised = torch.where(sub > 0, sub / r, sub * r)
+        sub = torch.where(history.seen, penalised, sub)
+    if f:
+        sub = sub - f * history.output_counts
+    if p:
+        sub = sub - p * (history.output_counts > 0).float()
+    return logits.index_copy(1, history.ids, sub)

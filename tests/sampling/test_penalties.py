@@ -83,3 +83,34 @@ def test_unpenalised_params_pass_the_logits_through():
     logits = torch.randn(3, V)
     tree = TokenTree.chain([1, 2, 3])
     assert processed_rows(logits, SamplingParams(temperature=0.7, min_p=0.2), [0], [1], tree, frozenset()) is logits
+
+
+def _dense_penalties(logits, prompt, output, tree, params):
+    """The penalties over the whole vocabulary, row by row from each node's context: the definition."""
+    vocab = logits.shape[-1]
+    rows = []
+    paths = [[]] if tree is None else [[int(tree.tokens[a]) for a in range(1, len(tree)) if tree.ancestor_mask[i, a]]
+                                       for i in range(len(tree))]
+    for row, path in zip(logits, paths):
+        counts = torch.bincount(torch.tensor(output + path, dtype=torch.int64), minlength=vocab).float()
+        seen = counts > 0
+        seen[torch.tensor(prompt)] = True
+        r = params.repetition_penalty
+        row = torch.where(seen, torch.where(row > 0, row / r, row * r), row)
+        row = row - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).float()
+        rows.append(row)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_penalties_over_the_tokens_that_occur_equal_them_over_the_whole_vocabulary(seed):
+    gen = torch.Generator().manual_seed(seed)
+    vocab = 500
+    prompt = torch.randint(0, vocab, (40,), generator=gen).tolist()
+    output = torch.randint(0, vocab, (25,), generator=gen).tolist()
+    parents = [-1, 0, 0, 1, 1, 2, 3]
+    tree = TokenTree.from_parents([output[-1]] + torch.randint(0, vocab, (6,), generator=gen).tolist(), parents)
+    logits = torch.randn(len(tree), vocab, generator=gen) * 3
+    params = SamplingParams(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.2)
+    got = processed_rows(logits, params, prompt, output, tree, frozenset())
+    assert torch.equal(got, _dense_penalties(logits, prompt, output, tree, params))

@@ -228,7 +228,7 @@ def committed_only(prompt_ids, output_ids, tree, vocab, device):
     """The planted wrong rule: every row of a tree gets the committed tokens' history, not its path's."""
     one = history_module.row_history(prompt_ids, output_ids, None, vocab, device)
     n = 1 if tree is None else len(tree)
-    return history_module.RowHistory(one.output_counts.repeat(n, 1), one.seen.repeat(n, 1),
+    return history_module.RowHistory(one.ids, one.output_counts.repeat(n, 1), one.seen.repeat(n, 1),
                                      one.generated.repeat(n))
 
 
