@@ -160,18 +160,16 @@ class ModelDrafter(DrafterBase):
 
     def _draft_q(self, logits: Tensor, ids: Tensor | None, seq: Sequence) -> Tensor:
         """What a sampled request's draft tokens are drawn from (and what the verifier is told they were): the
-        request's processed distribution of the draft logits, at `draft_temperature` times its temperature."""
-        full = self._full_vocab(logits, ids)
+        request's processed distribution of the draft logits, at `draft_temperature` times its temperature.
+        A reduced vocabulary's distribution is taken over its own tokens, then placed in the target's (a token
+        outside it has probability 0 either way): the softmax and top-p over 4,096 columns, not 49,152."""
         if self.draft_temperature != 1.0:
-            full = full.float() / self.draft_temperature
-        return target_probs(full, seq.params)
-
-    def _full_vocab(self, logits: Tensor, ids: Tensor | None) -> Tensor:
-        """Reduced-vocabulary logits scattered into the target's vocabulary (-inf elsewhere)."""
+            logits = logits.float() / self.draft_temperature
+        q = target_probs(logits, seq.params)
         if ids is None:
-            return logits
-        full = torch.full((logits.shape[0], self.vocab_size), float("-inf"), device=logits.device)
-        full[:, ids] = logits.float()
+            return q
+        full = torch.zeros((q.shape[0], self.vocab_size), dtype=q.dtype, device=q.device)
+        full[:, ids] = q
         return full
 
     @property

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from specdec.sampling.distribution import sample
 from specdec.tree.spec import Choice, TreeKind, TreeSpec, choices_of
 from specdec.tree.token_tree import TokenTree
 
@@ -97,7 +98,7 @@ class SampledGrowth:
         for row, node in enumerate(self.frontier):
             q = q_rows[row].float()
             for rank in range(widths[row]):
-                token = int(torch.multinomial(q, 1, generator=generator))
+                token = sample(q, generator)
                 frontier.append(len(self.tokens))
                 self.tokens.append(token)
                 self.parents.append(node)
