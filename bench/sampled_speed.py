@@ -2,12 +2,13 @@
 
     OMP_NUM_THREADS=1 python bench/sampled_speed.py [--methods "none;hybrid:suffix+recycle;eagle;recycle"]
         [--temperature 0.7] [--top-p 0.9] [--repetition-penalty 1.0] [--frequency-penalty 0.0]
-        [--split dev] [--per-category 1] [--max-new-tokens 128]
+        [--split dev] [--per-category 1] [--max-new-tokens 128] [--unseeded]
 
 `specdec bench` measures greedy decoding; users of a chat API mostly sample. One int8 target, one thread; each
 prompt runs through every method in turn (seed = the prompt's index, so every method samples from the same
 seeded stream), and the table gives tok/s over all prompts, the ratio to the first method and tau (tokens per
-target step).
+target step). A seeded request always verifies its drafter's whole tree (the planner may not shape it, or its
+output would depend on what runs beside it); `--unseeded` sends no seed, so the planner sizes every tree.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def main() -> None:
     parser.add_argument("--top-p", type=float, default=0.9)
     parser.add_argument("--repetition-penalty", type=float, default=1.0)
     parser.add_argument("--frequency-penalty", type=float, default=0.0)
+    parser.add_argument("--unseeded", action="store_true", help="no seeds: the planner sizes the trees")
     parser.add_argument("--split", default="dev")
     parser.add_argument("--per-category", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -49,7 +51,8 @@ def main() -> None:
         for m, llm in llms.items():
             params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                     top_p=args.top_p, repetition_penalty=args.repetition_penalty,
-                                    frequency_penalty=args.frequency_penalty, seed=i)
+                                    frequency_penalty=args.frequency_penalty,
+                                    seed=None if args.unseeded else i)
             start = time.perf_counter()
             out = llm.generate([prompt], params)[0]
             totals[m][1] += time.perf_counter() - start
@@ -57,7 +60,7 @@ def main() -> None:
             totals[m][2] += out.metrics.target_steps
     print(f"{len(prompts)} {args.split} prompts, T={args.temperature}, top-p {args.top_p}, repetition penalty "
           f"{args.repetition_penalty}, frequency penalty {args.frequency_penalty}, up to {args.max_new_tokens} new "
-          "tokens, int8, one thread")
+          f"tokens, int8, one thread{', unseeded' if args.unseeded else ''}")
     print(f"| method | tok/s | over {methods[0]} | tau |\n|---|---|---|---|")
     first = totals[methods[0]][0] / totals[methods[0]][1]
     for m, (tokens, seconds, steps) in totals.items():
