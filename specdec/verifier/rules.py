@@ -29,22 +29,26 @@ def verify_greedy(tree: TokenTree, logits: Tensor) -> VerifyResult:
 def verify_stochastic(tree: TokenTree, probs: Tensor, generator: torch.Generator | None) -> VerifyResult:
     """Recursive rejection sampling. `probs [N, V]` is the processed target distribution after each node."""
     tokens = tree.tokens.tolist()
+    one_hot = tree.draft_probs is None
     node, path = 0, [0]
     while True:
         p = probs[node]
         accepted = None
-        for child in tree.children[node]:
-            token = tokens[child]
-            q = _proposal(tree, child, token, p)
-            ratio = float(p[token]) / max(float(q[token]), 1e-30)
-            if uniform(generator, p.device) < min(1.0, ratio):
-                accepted = child
-                break
-            residual = torch.clamp(p - q, min=0.0)
-            total = float(residual.sum())
-            if total <= 0.0:  # p == q on the support: nothing left to reject into (q was exact)
-                break
-            p = residual / total
+        if one_hot:
+            accepted, p = _one_hot_children(tree, node, tokens, p, generator)
+        else:
+            for child in tree.children[node]:
+                token = tokens[child]
+                q = _proposal(tree, child, token, p)
+                ratio = float(p[token]) / max(float(q[token]), 1e-30)
+                if uniform(generator, p.device) < min(1.0, ratio):
+                    accepted = child
+                    break
+                residual = torch.clamp(p - q, min=0.0)
+                total = float(residual.sum())
+                if total <= 0.0:  # p == q on the support: nothing left to reject into (q was exact)
+                    break
+                p = residual / total
         if accepted is None:
             bonus = sample(p, generator)
             return VerifyResult(path, [tokens[i] for i in path[1:]] + [bonus], bonus)
@@ -53,6 +57,30 @@ def verify_stochastic(tree: TokenTree, probs: Tensor, generator: torch.Generator
         if not tree.children[node]:
             bonus = sample(probs[node], generator)
             return VerifyResult(path, [tokens[i] for i in path[1:]] + [bonus], bonus)
+
+
+def _one_hot_children(tree: TokenTree, node: int, tokens: list[int], p: Tensor,
+                      generator: torch.Generator | None) -> tuple[int | None, Tensor]:
+    """The rule above for children each proposed with certainty (q one-hot), without a vector per child: a child
+    is accepted with probability p(token) / (mass left), and a rejection only takes its token out of the
+    residual (max(p - onehot, 0) is p with that entry 0). Returns the accepted child, or None and the residual
+    to draw the bonus from (unnormalised: `sample` scales by its sum)."""
+    mass = float(p.sum())
+    rejected = []
+    for child in tree.children[node]:
+        token = tokens[child]
+        share = float(p[token])
+        if uniform(generator, p.device) < min(1.0, share / max(mass, 1e-30)):
+            return child, p
+        if mass - share <= 0.0:  # the token held all that was left (rounding): the residual stays as it was
+            break
+        rejected.append(token)
+        mass -= share
+    if not rejected:
+        return None, p
+    residual = p.clone()
+    residual[torch.tensor(rejected, dtype=torch.int64, device=p.device)] = 0.0
+    return None, residual
 
 
 def _proposal(tree: TokenTree, node: int, token: int, like: Tensor) -> Tensor:
