@@ -118,9 +118,10 @@ class EagleDrafter(ModelDrafter):
 
     def _append(self, seq: Sequence, state: _State, start: int, features: Tensor) -> None:
         """Target features of positions `start ..` (the next ones this sequence lacks) join the pending ones."""
-        state.pending = torch.cat([state.pending, features.to(state.pending.dtype)])
+        features = features.to(state.pending.dtype)
+        state.pending = torch.cat([state.pending, features])
         if state.log is not None:
-            state.log.add(start, features.to(state.pending.dtype), seq.table)
+            state.log.add(start, features, seq.table)
 
     @torch.inference_mode()
     def _prefix_features(self, seq: Sequence, length: int) -> Tensor:

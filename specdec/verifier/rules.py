@@ -39,7 +39,7 @@ def verify_stochastic(tree: TokenTree, probs: Tensor, generator: torch.Generator
         else:
             for child in tree.children[node]:
                 token = tokens[child]
-                q = _proposal(tree, child, token, p)
+                q = tree.draft_probs[child].to(p.dtype)  # the distribution the child was drawn from
                 ratio = float(p[token]) / max(float(q[token]), 1e-30)
                 if uniform(generator, p.device) < min(1.0, ratio):
                     accepted = child
@@ -81,15 +81,6 @@ def _one_hot_children(tree: TokenTree, node: int, tokens: list[int], p: Tensor,
     residual = p.clone()
     residual[torch.tensor(rejected, dtype=torch.int64, device=p.device)] = 0.0
     return None, residual
-
-
-def _proposal(tree: TokenTree, node: int, token: int, like: Tensor) -> Tensor:
-    """The distribution node `node` was drawn from; one-hot on its token when the drafter gave none."""
-    if tree.draft_probs is not None:
-        return tree.draft_probs[node].to(like.dtype)
-    q = torch.zeros_like(like)
-    q[token] = 1.0
-    return q
 
 
 def verify_greedy_batch(trees: list[TokenTree], logits: list[Tensor]) -> list[VerifyResult]:
