@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -23,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdec import LLM, SamplingParams  # noqa: E402
 from specdec.data import CATEGORIES, bench_prompts  # noqa: E402
+from bench.generate_totals import GenerateTotals  # noqa: E402
 from specdec.drafters import hybrid as hybrid_module  # noqa: E402
 
 LIMIT: dict[str, int] = {}  # part name -> deepest depth it drafts
@@ -60,21 +60,14 @@ def main() -> None:
     for method in methods:  # warm-up
         use(method)
         llm.generate([prompts[0]], params)
-    totals = {m: [0, 0.0, 0] for m in methods}
+    totals = GenerateTotals(methods)
     for prompt in prompts:
         for method in methods:
             use(method)
-            start = time.perf_counter()
-            out = llm.generate([prompt], params)[0]
-            totals[method][1] += time.perf_counter() - start
-            totals[method][0] += len(out.token_ids)
-            totals[method][2] += out.metrics.target_steps
+            totals.timed(method, llm, prompt, params)
     print(f"{len(prompts)} {args.split} prompts (code left out, as the suite does), greedy, 128 new tokens, int8, "
           "one thread")
-    print(f"| method | tok/s | over {methods[0]} | tau |\n|---|---|---|---|")
-    first = totals[methods[0]][0] / totals[methods[0]][1]
-    for m, (tokens, seconds, steps) in totals.items():
-        print(f"| {m} | {tokens / seconds:.1f} | {tokens / seconds / first:.2f}x | {tokens / max(steps, 1):.2f} |")
+    print(totals.table())
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -24,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdec import LLM, SamplingParams  # noqa: E402
 from specdec.data import CATEGORIES, bench_prompts  # noqa: E402
+from bench.generate_totals import GenerateTotals  # noqa: E402
 
 
 def main() -> None:
@@ -46,25 +46,18 @@ def main() -> None:
     prompts = [p["prompt"] for c in CATEGORIES for p in bench_prompts([c], args.split)[: args.per_category]]
     for llm in llms.values():  # warm-up
         llm.generate(["Hello"], SamplingParams(max_new_tokens=8, temperature=args.temperature, seed=0))
-    totals = {m: [0, 0.0, 0] for m in methods}  # tokens, seconds, target steps
+    totals = GenerateTotals(methods)
     for i, prompt in enumerate(prompts):
         for m, llm in llms.items():
             params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                     top_p=args.top_p, repetition_penalty=args.repetition_penalty,
                                     frequency_penalty=args.frequency_penalty,
                                     seed=None if args.unseeded else i)
-            start = time.perf_counter()
-            out = llm.generate([prompt], params)[0]
-            totals[m][1] += time.perf_counter() - start
-            totals[m][0] += len(out.token_ids)
-            totals[m][2] += out.metrics.target_steps
+            totals.timed(m, llm, prompt, params)
     print(f"{len(prompts)} {args.split} prompts, T={args.temperature}, top-p {args.top_p}, repetition penalty "
           f"{args.repetition_penalty}, frequency penalty {args.frequency_penalty}, up to {args.max_new_tokens} new "
           f"tokens, int8, one thread{', unseeded' if args.unseeded else ''}")
-    print(f"| method | tok/s | over {methods[0]} | tau |\n|---|---|---|---|")
-    first = totals[methods[0]][0] / totals[methods[0]][1]
-    for m, (tokens, seconds, steps) in totals.items():
-        print(f"| {m} | {tokens / seconds:.1f} | {tokens / seconds / first:.2f}x | {tokens / max(steps, 1):.2f} |")
+    print(totals.table())
 
 
 if __name__ == "__main__":
