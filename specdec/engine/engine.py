@@ -23,7 +23,7 @@ from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import Drafter
 from specdec.engine.health import check_finite_logits
 from specdec.engine.node_planning import NodePlannedDrafting
-from specdec.engine.planner import SpeculationPlanner
+from specdec.engine.planner import SpeculationPlanner, is_pinned
 from specdec.engine.prompt_seeds import PromptSeeds
 from specdec.engine.runner import Chunk, ChunkOutput, ModelRunner, Rows
 from specdec.engine.scheduler import ScheduledBatch, Scheduler, prefill_target
@@ -332,7 +332,8 @@ class Engine:
             draft_seconds = proposing + timing.drafter_after
             self.planner.observe_draft(depth, draft_seconds, drafting)
             self.planner.observe_gain(len(trees), sum(len(tree) - 1 for tree in trees),
-                                      sum(result.num_accepted_drafts for result in results), draft_seconds)
+                                      sum(result.num_accepted_drafts for result in results), draft_seconds,
+                                      pinned=any(map(is_pinned, batch.decodes)))
         self._drafted = None
         for seq, tree, result in zip(batch.decodes, trees, results):
             self._record(seq, tree, result, draft_s, verify_s)

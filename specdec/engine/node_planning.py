@@ -77,7 +77,8 @@ class NodePlannedDrafting:
             self._drafted = None
             self.planner.observe_draft(1, seconds + after_seconds, drafting)
             self.planner.observe_gain(len(trees), sum(len(tree) - 1 for tree in trees),
-                                      sum(result.num_accepted_drafts for result in results))
+                                      sum(result.num_accepted_drafts for result in results),
+                                      pinned=any(map(is_pinned, seqs)))
         calibration = self.planner.calibration
         for seq, tree, result in zip(seqs, trees, results):
             ranked, count = self._ranked.pop(seq.seq_id, (None, 0))

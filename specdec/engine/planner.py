@@ -42,11 +42,11 @@ and so is a full tree's price that the plans have come to avoid, by one full tre
 The estimates can still promise more than speculation delivers: the plan picks the sequences whose histories
 look best (the winner's curse), and each estimate is optimistic on purpose. So the plan's promises are checked
 against what happened: each speculative step's goodput gain (tokens accepted, for the rows verified and the
-drafting done, priced on the step-cost curve) is averaged per batch size, and where the evidence is firm that it
-is a loss, the plan is plain decode at that batch size, with one speculative step now and then to measure again
-(`should_draft`, shared with node planning). At batch 8 on an AVX2 CPU a hybrid drafter bought rows at 0.42
-accepted tokens each where 0.6 pays, and ran at 0.90-0.95x of plain decode; a batch-1 request gains and keeps
-speculating.
+drafting done, priced on the step-cost curve) is averaged per batch size and number of drafted rows, and a plan
+stays below the fewest rows where the evidence is firm that it is a loss, with a plan without that cap now and
+then to measure again (`_row_cap`; node planning, which drafts before it plans, asks `should_draft` whether to
+draft at all). At batch 8 on an AVX2 CPU a hybrid drafter bought rows at 0.42 accepted tokens each where 0.6
+pays, and ran at 0.90-0.95x of plain decode. One sequence alone has no winner's curse and is not guarded.
 
 Greedy outputs never depend on the plan: a shorter tree changes speed, never tokens. A *seeded* sampled request
 is different: which random numbers it draws depends on its tree's shape, so to give the same output whatever
@@ -207,7 +207,10 @@ class SpeculationPlanner:
         # Node planning: P(accepted | parent accepted) by depth and score, optimistic while evidence is thin.
         self.calibration = AcceptanceCalibration(optimism=1.0)
         self._gain: dict[int, list[float]] = {}  # per batch-size bucket: speculative steps' goodput gain statistics
-        self._skipped = 0  # steps in a row that the gain guard kept from speculating
+        self._gain_by_rows: dict[tuple[int, int], list[float]] = {}  # the same per (batch bucket, rows bucket)
+        self._skipped = 0  # steps in a row that the gain guard kept from drafting (node planning)
+        self._capped = 0  # depth plans the gain guard's row cap cut short since its last exploration
+        self._cap_explore_every = EXPLORE_AFTER  # capped plans before one goes without the cap (doubles)
         self._explore_every = EXPLORE_AFTER  # idle plans before the next exploration (doubles, `EXPLORE_MAX`)
         self._draft_explore_every = EXPLORE_AFTER  # the same for steps the gain guard skipped
         self._guard_exploring = False  # the gain guard let this step draft only to measure again
@@ -312,8 +315,7 @@ class SpeculationPlanner:
             return self._explore_if_idle(chosen, [b[0] for b in betas], [spec.depth] * len(seqs))
         pinned = [is_pinned(seq) for seq in seqs]
         depths = [spec.depth if pin else 0 for pin in pinned]
-        if not self.should_draft(seqs, prefill_tokens, priced_in=True):  # the gain guard (module docstring)
-            return depths
+        cap = self._row_cap(seqs)  # the gain guard (module docstring): the most drafted rows that pay here
         gained = sum(sum(b) for b, pin in zip(betas, pinned) if pin)
         extra_nodes = nodes[spec.depth] * sum(pinned)
         deepest = spec.depth if any(pinned) else 0
@@ -321,9 +323,10 @@ class SpeculationPlanner:
         heap = [(-betas[i][0] / max(nodes[1], 1), i) for i in range(len(seqs)) if nodes[1] > 0 and not pinned[i]]
         heapq.heapify(heap)
         seconds = cost.predict(base_tokens + extra_nodes) + draft_seconds(drafting, deepest)
-        best_rate = (len(seqs) + gained) / max(seconds, 1e-9)
+        best_rate = free_rate = (len(seqs) + gained) / max(seconds, 1e-9)
         best_moves: list[int] = []
         moves: list[int] = []
+        bound = False  # would the best plan without the cap verify more rows than it allows?
         while heap:
             _, i = heapq.heappop(heap)
             d = depths[i] + 1
@@ -337,7 +340,9 @@ class SpeculationPlanner:
             deepest = max(deepest, d)
             seconds = cost.predict(base_tokens + extra_nodes) + draft_seconds(drafting, deepest)
             rate = (len(seqs) + gained) / max(seconds, 1e-9)
-            if rate > best_rate:
+            if rate > free_rate:
+                free_rate, bound = rate, extra_nodes > cap
+            if rate > best_rate and extra_nodes <= cap:
                 best_rate, best_moves = rate, list(moves)
             if d < spec.depth:
                 step_nodes = max(nodes[d + 1] - nodes[d], 1)
@@ -345,9 +350,11 @@ class SpeculationPlanner:
         chosen = [spec.depth if pin else 0 for pin in pinned]
         for i in best_moves:
             chosen[i] += 1
+        if bound:
+            self._capped += 1
         if not prefill_tokens:
-            chosen = self._widen_if_stale(chosen, [b[0] for b in betas], nodes, base_tokens)
-        return self._explore_if_idle(chosen, [b[0] for b in betas], [spec.depth] * len(seqs))
+            chosen = self._widen_if_stale(chosen, [b[0] for b in betas], nodes, base_tokens, cap)
+        return self._explore_if_idle(chosen, [b[0] for b in betas], [spec.depth] * len(seqs), explore=not bound)
 
     @staticmethod
     def _plan_closed(seqs: list[Sequence], spec: TreeSpec, betas: list[list[float]], nodes: list[int],
@@ -430,23 +437,28 @@ class SpeculationPlanner:
                 heapq.heappush(heap, (-probs[i][counts[i]], i))
         return self._explore_if_idle(best, [p[0] if p else 0.0 for p in probs], [len(p) for p in probs])
 
-    def observe_gain(self, num_seqs: int, verified_nodes: int, accepted: int, draft_seconds: float = 0.0) -> None:
+    def observe_gain(self, num_seqs: int, verified_nodes: int, accepted: int, draft_seconds: float = 0.0,
+                     pinned: bool = False) -> None:
         """A speculative step verified `verified_nodes` drafted nodes over `num_seqs` sequences and accepted
         `accepted` of them: its goodput against plain decode's, both priced on the step-cost curve (the
         accepted count is what happened, not what the plan expected). `draft_seconds`, where given, is the
         step's measured drafting time, priced in (depth planning drafts only for the sequences it plans for;
-        node planning drafts for all before deciding, and `should_draft` prices that separately)."""
-        if not self.cost.known or num_seqs <= 0:
+        node planning drafts for all before deciding, and `should_draft` prices that separately).
+
+        A step with a `pinned` sequence is not counted: its full tree was no plan's choice, and the gain
+        guard judges the plans. Counted, a seeded warm-up of eight tokens (`bench/sampled_speed.py`: full
+        4-deep chains from a Token Recycling matrix still empty) was firm evidence of a 26% loss, and the
+        unseeded requests after it ran as plain decode."""
+        if not self.cost.known or num_seqs <= 0 or pinned:
             return
         plain = max(self.cost.predict(num_seqs), 1e-9)
         rate = (num_seqs + accepted) / (max(self.cost.predict(num_seqs + verified_nodes), plain) + draft_seconds)
         plain_rate = num_seqs / plain
         gain = rate / plain_rate - 1.0
-        entry = self._gain.setdefault(StepCost._bucket(num_seqs), [0.0, 0.0, 0.0])  # mean, mean square, n
-        entry[2] += 1
-        weight = max(1.0 / entry[2], GAIN_DECAY)  # a plain mean at first, then a long moving average
-        entry[0] += weight * (gain - entry[0])
-        entry[1] += weight * (gain * gain - entry[1])
+        batch = StepCost._bucket(num_seqs)
+        _fold_gain(self._gain.setdefault(batch, [0.0, 0.0, 0.0]), gain)
+        if verified_nodes:
+            _fold_gain(self._gain_by_rows.setdefault((batch, verified_nodes.bit_length()), [0.0, 0.0, 0.0]), gain)
 
     def should_draft(self, seqs: list[Sequence], prefill_tokens: int = 0, priced_in: bool = False) -> bool:
         """Is speculating for these sequences worth it this step, on the evidence of what it gained here before?
@@ -461,17 +473,10 @@ class SpeculationPlanner:
         step drafts anyway, so the gain is measured again as the workload moves."""
         if any(is_pinned(seq) for seq in seqs):
             return True
-        # Half the batch or more new since the last judgement (a batch-1 user's next request): what drafting gains
-        # may have changed with them, so the wait before the next exploration starts short again. Not for one new
-        # request among many: under load, where arrivals are steady, that reset drafted for a whole batch every
-        # EXPLORE_AFTER steps (the hybrid at 64 requests at once: 0.95x of plain decode).
-        ids = frozenset(seq.seq_id for seq in seqs)
-        if 2 * len(ids - self._guard_seqs) >= len(ids):
-            self._draft_explore_every = EXPLORE_AFTER
-        self._guard_seqs = ids
+        self._note_batch(seqs)
         cost = self._decode_cost(prefill_tokens)
-        mean, square, steps = self._gain.get(StepCost._bucket(len(seqs)), (0.0, 0.0, 0.0))
-        if cost is None or steps < GAIN_EVIDENCE or not (priced_in or self.draft_cost.known):
+        entry = self._gain.get(StepCost._bucket(len(seqs)))
+        if cost is None or not (priced_in or self.draft_cost.known) or not _firm(entry):
             self._skipped = 0
             return True
         if self._skipped >= self._draft_explore_every:  # drafted once to measure again; next time later
@@ -479,18 +484,58 @@ class SpeculationPlanner:
             self._draft_explore_every = min(2 * self._draft_explore_every, EXPLORE_MAX)
             self._guard_exploring = True  # and the plan must verify a tree, or nothing is measured
             return True
-        # Optimistic, as the planner's acceptance estimates are: the mean plus one standard error. A bursty
-        # drafter's gain varies widely, so drafting is only skipped where the evidence is firm that it costs
-        # more than it wins (at batch 12 the gain is steadily near nothing; at batch 1 it is not).
-        spread = math.sqrt(max(square - mean * mean, 0.0) / min(steps, 1.0 / GAIN_DECAY))
         plain = max(cost.predict(len(seqs)), 1e-9)
         share = 0.0 if priced_in else self.draft_cost.predict(len(seqs)) / plain
-        if mean + spread > share:
+        if _optimistic_gain(entry) > share:
             self._skipped = 0
             self._draft_explore_every = EXPLORE_AFTER
             return True
         self._skipped += 1
         return False
+
+    def _note_batch(self, seqs: list[Sequence]) -> None:
+        """Half the batch or more new since the last judgement (a batch-1 user's next request): what drafting
+        gains may have changed with them, so the wait before the gain guard's next exploration starts short
+        again. Not for one new request among many: under load, where arrivals are steady, that reset drafted for
+        a whole batch every EXPLORE_AFTER steps (the hybrid at 64 requests at once: 0.95x of plain decode)."""
+        ids = frozenset(seq.seq_id for seq in seqs)
+        if 2 * len(ids - self._guard_seqs) >= len(ids):
+            self._draft_explore_every = self._cap_explore_every = EXPLORE_AFTER
+        self._guard_seqs = ids
+
+    def _row_cap(self, seqs: list[Sequence]) -> float:
+        """The gain guard of the depth plan: the most drafted rows a plan for these sequences may verify, just
+        below the fewest rows whose speculative steps at this batch size measured firmly as a loss (unbounded
+        where none did, where a seeded sampled request takes its full tree anyway, and for one sequence alone).
+
+        It judges plans by their size, not speculation as a whole: judged as a whole, the losses of the first
+        plans (deep trees, chosen on estimates no evidence had yet humbled) or of price re-measurements (full
+        trees) kept it shut while the plans it would then have made, a depth or two, gained. Every
+        `_cap_explore_every` plans that the cap cut short (doubling, up to `EXPLORE_MAX`) one plan goes
+        without it, so the sizes it forbids are measured again as the workload moves.
+
+        It guards against the winner's curse, the plan picking the sequences whose histories look best, which
+        one sequence alone cannot suffer: its plan rests on its own acceptance history, checked every step.
+        There the guard only ever did harm. At T 0.7 a request's first steps, a Token Recycling matrix and
+        suffix tries still cold, lost 18% each; that was firm evidence, the plans went without speculation,
+        and a plain step teaches a lookup drafter little, so the evidence never moved: `hybrid:suffix+recycle`
+        ran every later request at tau 1.00-1.06 (`bench/sampled_speed.py --unseeded`: 0.98x of plain decode,
+        where its full trees give 1.15x), `recycle` at 1.01 (0.96x).
+        """
+        if len(seqs) < 2 or any(is_pinned(seq) for seq in seqs):
+            return math.inf
+        self._note_batch(seqs)
+        batch = StepCost._bucket(len(seqs))
+        losing = [rows for (b, rows), entry in self._gain_by_rows.items()
+                  if b == batch and _firm(entry) and _optimistic_gain(entry) <= 0.0]
+        if not losing:
+            self._cap_explore_every = EXPLORE_AFTER
+            return math.inf
+        if self._capped >= self._cap_explore_every:  # one plan without the cap, to measure again; next time later
+            self._capped = 0
+            self._cap_explore_every = min(2 * self._cap_explore_every, EXPLORE_MAX)
+            return math.inf  # (the plan it cut short before is what this one measures)
+        return (1 << (min(losing) - 1)) - 1  # rows bucket k holds 2^(k-1) .. 2^k - 1 rows
 
     # ------------------------------------------------------------------------------------------- helpers
     def _decode_cost(self, prefill_tokens: int) -> StepCost | PrefillMargin | None:
@@ -516,7 +561,7 @@ class SpeculationPlanner:
         return True
 
     def _widen_if_stale(self, chosen: list[int], likelihood: list[float], nodes: list[int],
-                        base_tokens: int) -> list[int]:
+                        base_tokens: int, cap: float = math.inf) -> list[int]:
         """Where a plan speculates short of the full tree and the price of the full tree's width is stale
         (`REMEASURE_AFTER` observations, doubling while it holds), the likeliest such sequence gets its full
         tree once, so that the width is timed again.
@@ -532,20 +577,21 @@ class SpeculationPlanner:
             return chosen
         i = max(short, key=lambda j: likelihood[j])
         tokens = base_tokens + sum(nodes[d] for d in chosen) - nodes[chosen[i]] + nodes[full]
-        if self.cost.age(tokens) <= self._widen_every:
+        if self.cost.age(tokens) <= self._widen_every or tokens - base_tokens > cap:  # no plan may take it now
             return chosen
         chosen[i] = full
         self._widening = (tokens, self.cost.predict(tokens))
         return chosen
 
-    def _explore_if_idle(self, chosen: list[int], likelihood: list[float], full: list[int]) -> list[int]:
+    def _explore_if_idle(self, chosen: list[int], likelihood: list[float], full: list[int],
+                         explore: bool = True) -> list[int]:
         """After `EXPLORE_AFTER` plans in a row without speculation, the likeliest sequence gets its full tree
         (`full[i]`: a depth or a node count) once, so that a price measured during a stall is measured again.
         Each exploration doubles the wait before the next (up to `EXPLORE_MAX`), until a plan speculates again.
 
-        So does a step the gain guard let through only to measure again (`should_draft`): planned on the same
-        estimates that the guard's early losses had lowered, it chose no tree, measured nothing, and the guard
-        waited twice as long each time. `suffix` on a first request whose opening steps matched nothing ran
+        So does a step the gain guard let node planning draft only to measure again (`should_draft`): planned on
+        the same estimates that the guard's early losses had lowered, it chose no tree, measured nothing, and the
+        guard waited twice as long each time. `suffix` on a first request whose opening steps matched nothing ran
         the whole bench suite at tau 1.00 (eight early steps at -3% were "firm" evidence)."""
         exploring, self._guard_exploring = self._guard_exploring, False
         if exploring and not any(chosen):
@@ -559,10 +605,32 @@ class SpeculationPlanner:
             self._explore_every = EXPLORE_AFTER
             return chosen
         self._idle_plans += 1
-        if self._idle_plans > self._explore_every:
+        if explore and self._idle_plans > self._explore_every:
             i = max(range(len(chosen)), key=lambda j: (full[j] > 0, likelihood[j]))
             if full[i]:
                 self._idle_plans = 0
                 self._explore_every = min(2 * self._explore_every, EXPLORE_MAX)
                 chosen[i] = full[i]
         return chosen
+
+
+def _fold_gain(entry: list[float], gain: float) -> None:
+    """Fold one step's goodput gain into [mean, mean square, steps]: a plain mean at first, then a long moving
+    average (`GAIN_DECAY`)."""
+    entry[2] += 1
+    weight = max(1.0 / entry[2], GAIN_DECAY)
+    entry[0] += weight * (gain - entry[0])
+    entry[1] += weight * (gain * gain - entry[1])
+
+
+def _firm(entry: list[float] | None) -> bool:
+    """Enough speculative steps (`GAIN_EVIDENCE`) behind a gain statistic to act on it."""
+    return entry is not None and entry[2] >= GAIN_EVIDENCE
+
+
+def _optimistic_gain(entry: list[float]) -> float:
+    """The mean gain plus one standard error: optimistic, as the planner's acceptance estimates are. A bursty
+    drafter's gain varies widely, so drafting is only given up where the evidence is firm that it costs more
+    than it wins (at batch 12 the gain is steadily near nothing; at batch 1 it is not)."""
+    mean, square, steps = entry
+    return mean + math.sqrt(max(square - mean * mean, 0.0) / min(steps, 1.0 / GAIN_DECAY))
