@@ -516,11 +516,16 @@ class SpeculationPlanner:
 
         It guards against the winner's curse, the plan picking the sequences whose histories look best, which
         one sequence alone cannot suffer: its plan rests on its own acceptance history, checked every step.
-        There the guard only ever did harm. At T 0.7 a request's first steps, a Token Recycling matrix and
-        suffix tries still cold, lost 18% each; that was firm evidence, the plans went without speculation,
-        and a plain step teaches a lookup drafter little, so the evidence never moved: `hybrid:suffix+recycle`
-        ran every later request at tau 1.00-1.06 (`bench/sampled_speed.py --unseeded`: 0.98x of plain decode,
-        where its full trees give 1.15x), `recycle` at 1.01 (0.96x).
+        Guarded, a lone request lost more than it was spared. At T 0.7 a request's first steps, a Token
+        Recycling matrix and suffix tries still cold, lost 18% each; that was firm evidence, the plans went
+        without speculation, and a plain step teaches a lookup drafter little, so the evidence never moved:
+        `hybrid:suffix+recycle` ran every later request at tau 1.00-1.06 (`bench/sampled_speed.py --unseeded`:
+        0.98x of plain decode, where its full trees give 1.15x), `recycle` at 1.01 (0.96x). What the guard did
+        spare: drafters that lose at batch 1 whatever the plan (`draft`, `medusa`: 0.97x of plain decode in
+        the greedy bench suite guarded, 0.93x without, twice; the hybrid 1.39x guarded, 1.38x and 1.41x without,
+        `eagle` 1.08x, then 1.08x and 1.07x).
+        Judged on its own steps only (evidence dropped when a new request comes) they gave 0.95x and 0.93x and
+        the hybrid's tau fell from 1.94 to 1.84, so that is not the mend; their estimates' optimism is.
         """
         if len(seqs) < 2 or any(is_pinned(seq) for seq in seqs):
             return math.inf
