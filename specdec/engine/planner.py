@@ -460,14 +460,13 @@ class SpeculationPlanner:
         if verified_nodes:
             _fold_gain(self._gain_by_rows.setdefault((batch, verified_nodes.bit_length()), [0.0, 0.0, 0.0]), gain)
 
-    def should_draft(self, seqs: list[Sequence], prefill_tokens: int = 0, priced_in: bool = False) -> bool:
-        """Is speculating for these sequences worth it this step, on the evidence of what it gained here before?
+    def should_draft(self, seqs: list[Sequence], prefill_tokens: int = 0) -> bool:
+        """Is drafting for these sequences worth it this step, on the evidence of what it gained here before?
 
-        Depth planning (`priced_in`: its measured gains already pay for the drafting) asks it before planning
-        any depth: the gain guard of the module docstring. A node-planned drafter's work happens before the
-        plan, so the plan cannot price it; this does. It pays when the goodput gain of recent drafted steps
-        at this batch size (`observe_gain`: the nodes they verified and accepted, against plain decode)
-        exceeds the drafting time as a share of the step. At batch 1 a lookup drafter's 0.3 ms is 2% of a step
+        Node planning's gain guard (the depth plan's is `_row_cap`). A node-planned drafter's work happens
+        before the plan, so the plan cannot price it; this does. It pays when the goodput gain of recent
+        drafted steps at this batch size (`observe_gain`: the nodes they verified and accepted, against plain
+        decode) exceeds the drafting time as a share of the step. At batch 1 a lookup drafter's 0.3 ms is 2% of a step
         and easily paid for; at batch 12 drafting every sequence costs about 5% of a step while near-certain
         nodes are all that pay for their rows. Skipped steps are counted, and after `EXPLORE_AFTER` of them one
         step drafts anyway, so the gain is measured again as the workload moves."""
@@ -476,7 +475,7 @@ class SpeculationPlanner:
         self._note_batch(seqs)
         cost = self._decode_cost(prefill_tokens)
         entry = self._gain.get(StepCost._bucket(len(seqs)))
-        if cost is None or not (priced_in or self.draft_cost.known) or not _firm(entry):
+        if cost is None or not self.draft_cost.known or not _firm(entry):
             self._skipped = 0
             return True
         if self._skipped >= self._draft_explore_every:  # drafted once to measure again; next time later
@@ -485,8 +484,7 @@ class SpeculationPlanner:
             self._guard_exploring = True  # and the plan must verify a tree, or nothing is measured
             return True
         plain = max(cost.predict(len(seqs)), 1e-9)
-        share = 0.0 if priced_in else self.draft_cost.predict(len(seqs)) / plain
-        if _optimistic_gain(entry) > share:
+        if _optimistic_gain(entry) > self.draft_cost.predict(len(seqs)) / plain:
             self._skipped = 0
             self._draft_explore_every = EXPLORE_AFTER
             return True

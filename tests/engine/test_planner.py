@@ -230,7 +230,8 @@ def test_an_idle_plan_explores_with_a_tree_and_a_new_request_shortens_the_drafti
     plans = [p.plan(seqs, chain(3)) for _ in range(EXPLORE_AFTER + 1)]
     assert plans == [[0]] * EXPLORE_AFTER + [[3]]  # skipped, then the full tree once: a measured step
     newcomer = [seq(1, [0, 0, 0], [10, 10, 10])]  # the next request, at the same batch size
-    waits = [p.should_draft(newcomer, priced_in=True) for _ in range(EXPLORE_AFTER + 1)]
+    p.observe_draft(1, 1e-6)  # node planning prices its drafting: here next to nothing
+    waits = [p.should_draft(newcomer) for _ in range(EXPLORE_AFTER + 1)]
     assert waits == [False] * EXPLORE_AFTER + [True]  # not 2 * EXPLORE_AFTER: the batch has a new request
 
 
