@@ -34,6 +34,8 @@ def medusa(
     val_prompts: int = typer.Option(16, help="Answers held out of training for the accuracy metrics."),
     seed: int = typer.Option(0, help="Seed for the prompt order and the batches."),
     bf16: bool = typer.Option(False, help="bf16 autocast for the feature pass and the training matmuls."),
+    vocab: int = typer.Option(0, help="Score only the N most frequent target tokens (what `medusa:vocab=N` "
+                                      "drafts with, the heads' default when N > 0); 0 = the full vocabulary."),
     device: str = typer.Option("cpu", help="cpu for small targets, cuda for large ones."),
     published: bool = typer.Option(False, help="Also write OUT/published: the published Medusa layout, with "
                                                "each head's own projection (a copy of the LM head)."),
@@ -54,6 +56,7 @@ def medusa(
             target=target, prompts=str(prompts) if prompts else None, corpus=str(corpus) if corpus else None,
             heads=heads, layers=layers, max_prompts=max_prompts, new_tokens=new_tokens, steps=steps,
             batch_size=batch_size, lr=lr, val_prompts=val_prompts, seed=seed, bf16=bf16, device=device,
+            vocab=vocab,
         )
         _run(cfg, out, resume, eval_per_category, published, threads)
     except SpecdecError as exc:
@@ -84,8 +87,8 @@ def _run(cfg, out: Path, resume: bool, eval_per_category: int, published: bool, 
         prompts = heldout_prompts(eval_per_category) if eval_per_category > 0 else []
         if prompts:
             start = time.perf_counter()
-            specs = [("ngram", None), (f"medusa:{folder.resolve()}", "chain:k=4"),
-                     (f"medusa:{folder.resolve()}", "dynamic:depth=4,topk=4,budget=16")]
+            mine = f"medusa:{folder.resolve()},vocab={cfg.vocab}"  # the metadata is written below
+            specs = [("ngram", None), (mine, "chain:k=4"), (mine, "dynamic:depth=4,topk=4,budget=16")]
             rows = []
             for i, (spec, tree) in enumerate(specs):
                 progress("eval", i, len(specs), {})

@@ -18,6 +18,7 @@ Without a path, the heads shipped for the target are used (`specdec/assets/medus
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from specdec.tree.spec import TreeSpec, parse_tree_spec
 from specdec.tree.token_tree import TokenTree
 from specdec.verifier.result import VerifyResult
 
+META_FILE = "specdec_medusa.json"
 DEFAULT_TREE = "static:medusa-8"  # chosen by tok/s with the int8 target when the shipped heads were trained
 
 
@@ -85,18 +87,28 @@ class MedusaDrafter(DrafterBase):
             return trees
         stacked = torch.stack([hidden[i] for i in ready])
         logp = torch.log_softmax(self.heads(stacked)[:, :depth].float(), dim=-1)  # [B, D, V'], one call for all
-        if self.ids is not None:  # reduced vocabulary: back to target ids, the other tokens impossible
-            full = logp.new_full(logp.shape[:-1] + (self.heads.vocab_size,), float("-inf"))
-            logp = full.index_copy_(-1, self.ids, logp)
-        for i, tree in zip(ready, per_depth_trees([seqs[i].last_token for i in ready], logp, spec)):
+        # over a reduced vocabulary, ranked there and mapped back to target ids (the other tokens impossible)
+        for i, tree in zip(ready, per_depth_trees([seqs[i].last_token for i in ready], logp, spec, self.ids)):
             trees[i] = tree
         return trees
+
+
+def trained_vocab(ref: Path) -> int:
+    """The draft vocabulary the heads in `ref` were trained to score (`specdec train medusa --vocab N`), read from
+    their `specdec_medusa.json`; 0 (the full vocabulary) for heads without one, such as published checkpoints."""
+    meta = (ref if ref.is_dir() else ref.parent) / META_FILE
+    if not meta.is_file():
+        return 0
+    try:
+        return int(json.loads(meta.read_text()).get("draft_vocab") or 0)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{meta} is not a readable Medusa metadata file: {exc}") from None
 
 
 @register("medusa")
 def _build(args: dict[str, str], ctx: DrafterContext) -> MedusaDrafter:
     ref = args.pop("", None)
-    vocab = int_arg(args, "vocab", 0, minimum=0)
+    vocab = int_arg(args, "vocab", -1, minimum=0)  # -1: the heads' own choice (specdec_medusa.json), 0: full
     reject_unknown("medusa", args)
     target = ctx.target.model
     if ref is None:
@@ -105,6 +117,8 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> MedusaDrafter:
             raise ConfigError(f"specdec ships no Medusa heads for target '{ctx.target.source}'; train some with "
                               "`specdec train medusa --target ... --out DIR` and use drafter 'medusa:DIR/heads'")
         ref = str(shipped)
+    if vocab == -1:
+        vocab = trained_vocab(Path(ref).expanduser())
     c = target.config
     heads = load_heads(Path(ref), c.hidden_size, c.vocab_size, target.lm_head, ctx.device,
                        torch.float32 if ctx.dtype == torch.float32 or ctx.quantize else ctx.dtype)

@@ -267,18 +267,10 @@ def start_from(model: EaglePredictor, folder: Path, target: LlamaModel) -> None:
 
 
 def reduced_rows(cfg: EagleTrainConfig, target: LlamaModel, answers: list[list[int]]) -> Tensor:
-    """The target head's rows `[N, H]` of the draft vocabulary the drafter will use: the shipped ranking's top
-    N for a target that has one (what `eagle:vocab=N` reads), else the N most frequent answer tokens."""
-    from specdec.drafters.heads.draft_folder import alias_of
-    from specdec.drafters.heads.reduced_vocab import VOCAB_DIR, draft_vocab, head_rows, ranking_of, token_counts
+    """The target head's rows `[N, H]` of the draft vocabulary the drafter will use (`training_draft_ids`)."""
+    from specdec.drafters.heads.reduced_vocab import head_rows, training_draft_ids
 
-    size = target.config.vocab_size
-    alias = alias_of(cfg.target)
-    if alias and (VOCAB_DIR / f"{alias}.safetensors").is_file():
-        ids = draft_vocab(alias, cfg.vocab, size)
-    else:
-        ids = ranking_of(token_counts(answers, size))[: cfg.vocab].long().sort().values
-    return head_rows(target, ids).detach()
+    return head_rows(target, training_draft_ids(cfg.target, cfg.vocab, answers, target.config.vocab_size)).detach()
 
 
 def _padded(seqs: list[Tensor], device: torch.device, dtype: torch.dtype | None = None) -> Tensor:

@@ -10,6 +10,10 @@ Stages, each saved in the run folder so that `--resume` continues where a run st
              paper. The answers are the target's own greedy tokens, so these labels are exactly the target's
              argmax: the token greedy verification will accept. The LM head is the target's, frozen and shared;
              only the ResBlocks train (zero-initialised: an untrained head is the target's next-token head).
+             With `--vocab N` the heads score only the N most frequent target tokens (the rows of the target's
+             head that `medusa:vocab=N` drafts with): training costs a fraction of the full head's, and the
+             heads learn to rank exactly the tokens they may propose. A label outside the N is left out of the
+             loss and counted as a miss in the accuracy (no head can draft it).
 
 The held-out answers also give each head's top-k accuracy, from which `best_choice_paths` builds the static trees that
 maximise the expected accepted length for a node budget (Medusa's own recipe for its choice lists).
@@ -36,6 +40,7 @@ FEATURES_FILE = "features.pt"
 CHECKPOINT_FILE = "medusa_checkpoint.pt"
 HEAD_DECAY = 0.8  # loss weight of head i is HEAD_DECAY ** i
 TOPK_EVAL = 10  # ranks kept in the per-head accuracy table
+OUTSIDE = -1  # a label outside the heads' reduced vocabulary
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class MedusaConfig:
     seed: int = 0
     bf16: bool = False  # bf16 autocast for the feature pass and the heads' training matmuls
     device: str = "cpu"
+    vocab: int = 0  # the heads score the N most frequent target tokens (`medusa:vocab=N`); 0 = the full vocabulary
 
     def command(self, out: Path, threads: int | None, published: bool = False) -> str:
         d = MedusaConfig()
@@ -63,7 +69,8 @@ class MedusaConfig:
         parts += [f"--prompts {self.prompts}"] if self.prompts else []
         parts += [f"--corpus {self.corpus}"] if self.corpus else []
         parts.append(f"--out {out}")
-        for name in ("heads", "layers", "max_prompts", "new_tokens", "steps", "batch_size", "lr", "val_prompts"):
+        for name in ("heads", "layers", "max_prompts", "new_tokens", "steps", "batch_size", "lr", "val_prompts",
+                     "vocab"):
             if getattr(self, name) != getattr(d, name):
                 parts.append(f"--{name.replace('_', '-')} {getattr(self, name)}")
         parts.append(f"--seed {self.seed}")
@@ -106,6 +113,13 @@ def head_features(target: Any, corpus: Corpus, bf16: bool = False, progress: Pro
     return out
 
 
+def in_draft_ids(feats: HeadFeatures, ids: Tensor, vocab_size: int) -> HeadFeatures:
+    """The same features with labels as draft ids (position in ascending `ids`; OUTSIDE where not among them)."""
+    to_draft = torch.full((vocab_size,), OUTSIDE, dtype=torch.int64)
+    to_draft[ids] = torch.arange(ids.shape[0])
+    return HeadFeatures(feats.hidden, [to_draft[labels] for labels in feats.labels], feats.seconds)
+
+
 def head_batch(feats: HeadFeatures, indices: list[int], num_heads: int, device: torch.device) -> tuple[Tensor, Tensor]:
     """Rows [N, H] and labels [N, K] (-100 where the answer ends before the head's target token)."""
     rows, labels = [], []
@@ -121,10 +135,11 @@ def head_batch(feats: HeadFeatures, indices: list[int], num_heads: int, device: 
 
 
 def head_losses(heads: MedusaHeads, rows: Tensor, labels: Tensor, bf16: bool = False) -> Tensor:
-    """[K] mean cross-entropy of each head."""
+    """[K] mean cross-entropy of each head (labels -1, outside a reduced vocabulary, left out)."""
     with torch.autocast(rows.device.type, dtype=torch.bfloat16, enabled=bf16):
         logits = heads(rows)  # [N, K, V]
     k = logits.shape[1]
+    labels = labels.masked_fill(labels == OUTSIDE, -100)
     losses = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none",
                              ignore_index=-100).view(-1, k)
     valid = (labels != -100).float()
@@ -169,15 +184,17 @@ def train_heads(heads: MedusaHeads, feats: HeadFeatures, train: list[int], val: 
 @torch.no_grad()
 def head_accuracy(heads: MedusaHeads, feats: HeadFeatures, val: list[int], topk: int = TOPK_EVAL,
                   batch_size: int = 8) -> list[list[float]]:
-    """acc[k][r]: how often head k's rank-r token is the target's token, on held-out answers."""
+    """acc[k][r]: how often head k's rank-r token is the target's token, on held-out answers (a token outside a
+    reduced vocabulary counts as a miss: no head can propose it)."""
     hits = torch.zeros(heads.num_heads, topk)
     counts = torch.zeros(heads.num_heads)
     for b in range(0, len(val), batch_size):
         rows, labels = head_batch(feats, val[b: b + batch_size], heads.num_heads, heads.weight.device)
-        top = heads(rows).topk(topk, dim=-1).indices.cpu()  # [N, K, r]
+        logits = heads(rows)
+        top = logits.topk(min(topk, logits.shape[-1]), dim=-1).indices.cpu()  # [N, K, r]
         labels = labels.cpu()
         valid = labels != -100
-        hits += ((top == labels[..., None]) & valid[..., None]).sum(0).float()
+        hits[:, : top.shape[-1]] += ((top == labels[..., None]) & valid[..., None]).sum(0).float()
         counts += valid.sum(0).float()
     return (hits / counts.clamp_min(1)[:, None]).tolist()
 
@@ -226,6 +243,9 @@ def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any =
     if loaded is None:
         loaded = load_model(cfg.target, cfg.device, "float32", show_progress=True)
     target = loaded.model
+    if not 0 <= cfg.vocab <= target.config.vocab_size:
+        raise ConfigError(f"--vocab must be between 0 (the full vocabulary) and the target's {target.config.vocab_size}, "
+                          f"got {cfg.vocab}")
     corpus = obtain_corpus(cfg, loaded, out, resume, progress, cfg.val_prompts + cfg.batch_size)
     n = len(corpus.response_ids)
     corpus_path = Path(cfg.corpus).expanduser() if cfg.corpus else out / CORPUS_FILE
@@ -245,7 +265,14 @@ def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any =
     c = target.config
     for p in target.parameters():
         p.requires_grad_(False)
-    heads = MedusaHeads(cfg.heads, cfg.layers, c.hidden_size, c.vocab_size, target.lm_head).to(target.device)
+    lm_head = target.lm_head
+    if cfg.vocab:
+        from specdec.drafters.heads.reduced_vocab import reduced_from, training_draft_ids
+
+        ids = training_draft_ids(cfg.target, cfg.vocab, corpus.response_ids, c.vocab_size)
+        lm_head = reduced_from(target, ids)
+        feats = in_draft_ids(feats, ids, c.vocab_size)
+    heads = MedusaHeads(cfg.heads, cfg.layers, c.hidden_size, c.vocab_size, lm_head).to(target.device)
     ckpt = out / CHECKPOINT_FILE
     state = MedusaState(**torch.load(ckpt, weights_only=True)["state"]) if resume and ckpt.is_file() else None
     if state is None:
@@ -257,6 +284,7 @@ def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any =
     trees = {size: best_choice_paths(acc, size) for size in (5, 8, 16, 32, 64)}
     meta = {
         "target": cfg.target,
+        "draft_vocab": cfg.vocab,
         "settings": asdict(cfg),
         "corpus": {"answers": n, "train_answers": len(train), "held_out_answers": len(val),
                    "tokens": corpus.num_tokens, "generated_tokens": sum(map(len, corpus.response_ids)),
@@ -283,6 +311,10 @@ def render_readme(meta: dict[str, Any]) -> str:
         "reads the target's final hidden state and predicts the token i + 2 ahead through the target's own LM "
         "head (frozen, shared, not stored here), so the folder holds only the ResBlocks "
         "(`{i}.{j}.linear.weight/bias`, the published Medusa key layout without the `{i}.{L}.weight` projections).",
+        *([""] + [f"The heads score only the {meta['draft_vocab']} most frequent target tokens (the target head's rows of "
+                  f"`specdec/assets/vocab/`'s ranking), so `medusa` with these heads means `medusa:vocab="
+                  f"{meta['draft_vocab']}` (`specdec_medusa.json` `draft_vocab`); `medusa:vocab=0` scores the full "
+                  "vocabulary."] if meta.get("draft_vocab") else []),
         "",
         "Made with (one CPU thread: `OMP_NUM_THREADS=1`):",
         "",

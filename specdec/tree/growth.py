@@ -125,22 +125,26 @@ def choice_layout(choices: tuple[Choice, ...], max_depth: int, width: int) -> Ch
     return ChoiceLayout(parents, torch.tensor(depths, dtype=torch.int64), torch.tensor(ranks, dtype=torch.int64))
 
 
-def per_depth_trees(roots: list[int], logp: Tensor, spec: TreeSpec) -> list[TokenTree]:
+def per_depth_trees(roots: list[int], logp: Tensor, spec: TreeSpec, ids: Tensor | None = None) -> list[TokenTree]:
     """Trees from per-depth candidates, batched: `logp [B, D, V]` is each sequence's log-distribution at
-    depths 1..D (independent of the parent)."""
+    depths 1..D (independent of the parent). With `ids`, `logp` is over a reduced draft vocabulary and `ids[j]`
+    is the target id of draft id j: ranking the few thousand draft ids and mapping the chosen ones costs less
+    than scattering every row into the target's vocabulary to rank it there."""
     depth = min(spec.depth, logp.shape[1])
     if depth == 0 or spec.budget == 0:
         return [TokenTree.chain([root]) for root in roots]
     if spec.kind is TreeKind.DYNAMIC:
         top = logp[:, :depth].topk(min(spec.topk, logp.shape[-1]), dim=-1)
-        values, indices = top.values.tolist(), top.indices.tolist()
+        chosen = top.indices if ids is None else ids[top.indices]
+        values, indices = top.values.tolist(), chosen.tolist()
         return [best_first_tree(root, values[b], indices[b], spec.budget) for b, root in enumerate(roots)]
     layout = choice_layout(choices_of(spec), depth, logp.shape[-1])
     if len(layout.depths) == 0:
         return [TokenTree.chain([root]) for root in roots]
     width = int(layout.ranks.max()) + 1
     indices = logp[:, :depth].topk(width, dim=-1).indices  # [B, D, w]
-    drafted = indices[:, layout.depths, layout.ranks].tolist()  # [B, n]
+    chosen = indices[:, layout.depths, layout.ranks]  # [B, n]
+    drafted = (chosen if ids is None else ids[chosen]).tolist()
     return [TokenTree.from_parents([root] + drafted[b], layout.parents) for b, root in enumerate(roots)]
 
 

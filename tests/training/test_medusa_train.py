@@ -12,7 +12,8 @@ from specdec.errors import ConfigError
 from specdec.models.loader import LoadedModel
 from specdec.training.common import Corpus, TrainSettings, save_atomic
 from specdec.training.medusa import (
-    HeadFeatures, MedusaConfig, head_batch, head_features, head_losses, best_choice_paths, run_medusa, train_heads,
+    HeadFeatures, MedusaConfig, head_accuracy, head_batch, head_features, head_losses, best_choice_paths,
+    in_draft_ids, run_medusa, train_heads,
 )
 from tests.helpers import NoTokenizer, tiny_model
 
@@ -72,6 +73,53 @@ def test_a_run_writes_heads_that_load_and_resume_restores_them(tmp_path):
     torch.testing.assert_close(resumed.weight, heads.weight)
     with pytest.raises(ConfigError, match="already holds a run"):
         run_medusa(cfg, tmp_path / "run", loaded=loaded, log=lambda _: None)
+
+
+def test_reduced_vocabulary_labels_are_draft_ids_and_outside_tokens_count_as_misses():
+    feats = HeadFeatures(hidden=[torch.zeros(4, 8)], labels=[torch.tensor([10, 11, 12, 13])])
+    mapped = in_draft_ids(feats, torch.tensor([3, 11, 13]), VOCAB)
+    assert mapped.labels[0].tolist() == [-1, 1, -1, 2]  # 11 -> draft id 1, 13 -> 2, the rest outside
+    _, labels = head_batch(mapped, [0], num_heads=2, device=torch.device("cpu"))
+    assert labels.tolist() == [[1, -1], [-1, 2], [2, -100], [-100, -100]]
+
+    model = tiny_model(2, vocab=VOCAB, sharpness=3.0)
+    ids = torch.tensor([1, 2, 3, 5, 8])
+    from specdec.drafters.heads.reduced_vocab import reduced_from
+
+    heads = MedusaHeads(1, 1, model.config.hidden_size, VOCAB, reduced_from(model, ids))
+    rows = torch.randn(6, model.config.hidden_size)
+    assert heads(rows).shape == (6, 1, 5)
+    inside, outside = torch.tensor([[0], [4], [2]]), torch.tensor([[-1], [-1], [-1]])
+    # a label outside the draft vocabulary adds nothing to the loss (a head that cannot propose it is not
+    # pushed anywhere by it) ...
+    torch.testing.assert_close(head_losses(heads, rows[:3], inside), head_losses(
+        heads, rows, torch.cat([inside, outside])))
+    # ... but is a miss for the accuracy: with every head's top-5 being the whole draft vocabulary, exactly the
+    # labels inside it are hits
+    hidden = [torch.randn(4, model.config.hidden_size)]
+    feats = in_draft_ids(HeadFeatures(hidden=hidden, labels=[torch.tensor([0, 2, 7, 8])]), ids, VOCAB)
+    acc = head_accuracy(heads, feats, [0], topk=5)
+    assert sum(acc[0]) == pytest.approx(2 / 3)  # rows 0 .. 2 have labels 2 (inside), 7 (outside), 8 (inside)
+
+
+def test_a_run_with_a_reduced_vocabulary_records_it_and_the_drafter_defaults_to_it(tmp_path):
+    from specdec.drafters.medusa import trained_vocab
+
+    model = tiny_model(1, vocab=VOCAB, sharpness=3.0)
+    loaded = LoadedModel(model, NoTokenizer(), "dummy:tiny")
+    corpus_path = tmp_path / "corpus.pt"
+    save_atomic(vars(tiny_corpus()), corpus_path)
+    cfg = MedusaConfig(target="dummy:tiny", corpus=str(corpus_path), heads=2, steps=4, batch_size=4, lr=1e-2,
+                       val_prompts=2, vocab=6)
+    heads, meta = run_medusa(cfg, tmp_path / "run", loaded=loaded, log=lambda _: None)
+    assert meta["draft_vocab"] == 6 and "--vocab 6" in cfg.command(tmp_path / "run", None)
+    assert heads(torch.randn(2, model.config.hidden_size)).shape == (2, 2, 6)
+    assert trained_vocab(tmp_path) == 0  # no metadata: the full vocabulary
+    (tmp_path / "specdec_medusa.json").write_text('{"draft_vocab": 6}')
+    assert trained_vocab(tmp_path) == 6 and trained_vocab(tmp_path / "medusa_lm_head.safetensors") == 6
+    with pytest.raises(ConfigError, match="--vocab must be"):
+        run_medusa(MedusaConfig(target="dummy:tiny", corpus=str(corpus_path), vocab=VOCAB + 1), tmp_path / "r2",
+                   loaded=loaded, log=lambda _: None)
 
 
 def test_optimal_tree_follows_the_accuracy_table():

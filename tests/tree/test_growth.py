@@ -218,6 +218,18 @@ def test_per_depth_chain_is_the_argmax_of_each_depth_up_to_the_heads_it_has():
     assert tree.is_chain and tree.token_list == [4] + logp[0].argmax(-1).tolist()
 
 
+@pytest.mark.parametrize("spec", [static([(0,), (1,), (0, 0), (1, 0)]), chain(3), dynamic(depth=3, topk=3, budget=6)],
+                         ids=["static", "chain", "dynamic"])
+def test_per_depth_trees_over_a_reduced_vocabulary_equal_ranking_the_scattered_full_one(spec):
+    vocab, ids = 40, torch.tensor([2, 3, 7, 11, 19, 23, 31])
+    reduced = logp_table(2, 3, len(ids), seed=4)
+    full = reduced.new_full((2, 3, vocab), float("-inf")).index_copy_(-1, ids, reduced)
+    mapped = per_depth_trees([1, 2], reduced, spec, ids)
+    for got, want in zip(mapped, per_depth_trees([1, 2], full, spec)):
+        assert got.token_list == want.token_list and got.parent_list == want.parent_list
+        assert set(got.token_list[1:]) <= set(ids.tolist())
+
+
 def test_per_depth_dynamic_trees_are_best_first_over_the_topk():
     logp = logp_table(2, 4, 30, seed=3)
     spec = dynamic(depth=3, topk=4, budget=9)

@@ -122,3 +122,15 @@ def draft_vocab(alias: str | None, size: int, vocab_size: int, path: Path | None
         raise ConfigError(f"no token ranking ships for this target, so vocab={size} cannot pick a draft "
                           "vocabulary; build a corpus (`specdec data build`) and rank it (`specdec data vocab`)")
     return read_ranking(path, vocab_size)[:size].sort().values
+
+
+def training_draft_ids(target_name: str, size: int, answers, vocab_size: int) -> Tensor:
+    """The draft vocabulary a trainer fits a reduced head to (ascending target ids): the shipped ranking's top
+    `size` for a target that has one (what `vocab=N` reads at run time, so training and drafting agree), else
+    the `size` most frequent tokens of the target's `answers`."""
+    from specdec.drafters.heads.draft_folder import alias_of
+
+    alias = alias_of(target_name)
+    if alias and (VOCAB_DIR / f"{alias}.safetensors").is_file():
+        return draft_vocab(alias, size, vocab_size)
+    return ranking_of(token_counts(answers, vocab_size))[:size].long().sort().values
