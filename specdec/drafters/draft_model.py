@@ -23,12 +23,13 @@ from torch import Tensor
 from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterContext
 from specdec.drafters.heads.draft_folder import alias_of, is_draft_folder, load_draft_folder, shipped_draft_dir
-from specdec.drafters.heads.reduced_vocab import draft_vocab, reduced_from
+from specdec.drafters.heads.reduced_vocab import draft_vocab, recorded_draft_vocab, reduced_from
 from specdec.drafters.model_drafter import Feed, ModelDrafter, sampling_options, spare_blocks
 from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.runner import Chunk, ModelRunner, Rows
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
+from specdec.kernels import cpu as cpu_kernels
 from specdec.models.llama import LlamaModel
 from specdec.models.loader import load_model
 from specdec.models.quant import quantize_drafter_int8_
@@ -39,6 +40,13 @@ DEFAULT_EARLY_EXIT_LAYERS = 6
 # of its layers: the int4 tiles pay per row (the 0.5B's linears: 28.6 ms at 1 row, 43.7 at 4, 66.9 at 8, 492 at
 # 64), the int8 ones hardly (45.0, 44.5, 44.6, 105 ms on AMX; bench/int8_rows.py --bits 8,4 --rows 1,4,8,64).
 TWIN_ROWS = 5
+# The shipped distilled draft's defaults (specdec/assets/drafts/<alias>/specdec_draft.json `draft_vocab`, and a
+# chain of SHIPPED_DEAR_ROWS_K where verified rows are dear: AVX2, AVX-512 VNNI). On a Zen 4 core, dev split,
+# planner on: the full head and `chain:k=5` ran at 0.96x of int8 plain decode, a 4,096-token head 1.02x, and with
+# it a chain of 1 1.06x (2: 1.05x); one depth of it was already the only one that paid
+# (bench/results/plan_accuracy/draft.md), and a deeper limit let the planner's optimism buy losing depths.
+SHIPPED_META = "specdec_draft.json"
+SHIPPED_DEAR_ROWS_K = 1
 
 
 class DraftModelDrafter(ModelDrafter):
@@ -92,8 +100,8 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
 
 
 def _build_draft(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter:
+    k_given, vocab_given = "k" in args, "vocab" in args
     k = int_arg(args, "k", 5)
-    vocab_given = "vocab" in args
     vocab = int_arg(args, "vocab", 0, minimum=0)
     layers = args.pop("layers", None)
     model_ref = args.pop("", None)
@@ -109,6 +117,10 @@ def _build_draft(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter
         shipped = shipped_draft_dir(ctx.target.source)
         if shipped is not None:
             _no_quantize_option(quantize, "the shipped draft")
+            if not vocab_given:
+                vocab = recorded_draft_vocab(shipped, SHIPPED_META)
+            if not k_given and ctx.device.type == "cpu":
+                k = cpu_kernels.by_row_price(SHIPPED_DEAR_ROWS_K, SHIPPED_DEAR_ROWS_K, k)
             return _drafter(_layers_only_draft(shipped, ctx), ctx, k, vocab)
         model_ref = default_draft_model(ctx.target.source)  # qwen2.5-coder-1.5b drafts with its 0.5B sibling
         registered = model_ref is not None

@@ -45,18 +45,23 @@ from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.runner import Chunk, pack
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
+from specdec.kernels import cpu as cpu_kernels
 from specdec.kvcache import BlockTable, PagedKVCache
 from specdec.models.dense import dense_forward
 from specdec.models.llama import LlamaModel
 from specdec.models.quant import quantize_drafter_int8_
-from specdec.tree.spec import TreeSpec, dynamic
+from specdec.tree.spec import TreeSpec, chain, dynamic
 from specdec.verifier.result import VerifyResult
 
 ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
-# Chosen on the default target with int8 when the shipped weights were trained: on a CPU a verification row
-# is not free, so a small dynamic tree beats EAGLE-2's GPU default (depth 6, top-8, 60 nodes). Its held-out tau
-# comes from `bench/heldout_tau.py` (bench/results/heldout_tau.md).
+# Chosen on the default target with int8 when the shipped weights were trained (on a CPU with AMX, where a
+# verified row costs little): a small dynamic tree beats EAGLE-2's GPU default (depth 6, top-8, 60 nodes). Its
+# held-out tau comes from `bench/heldout_tau.py` (bench/results/heldout_tau.md).
 DEFAULT_TREE = dynamic(depth=5, topk=3, budget=7)
+# Where a verified row is dear (AVX2, AVX-512 VNNI), a chain of two: on a Zen 4 core, dev split with the planner
+# on, two runs each, `chain:k=2` 1.28x and 1.28x of int8 plain decode, against 1.18x for DEFAULT_TREE and
+# 1.24-1.26x for chains of 1 and 3 and 2- to 4-node trees (bench/results/suite_zen4_stop43/README.md).
+DEAR_ROWS_TREE = chain(2)
 
 
 @dataclass
@@ -71,13 +76,16 @@ class EagleDrafter(ModelDrafter):
     feeds_parent_outputs = True
 
     def __init__(self, predictor: EaglePredictor, target: LlamaModel, engine: EngineConfig, name: str = "eagle",
-                 feature_layers: tuple[int, ...] = (), tree: TreeSpec = DEFAULT_TREE,
+                 feature_layers: tuple[int, ...] = (), tree: TreeSpec | None = None,
                  reduced: ReducedHead | None = None) -> None:
         self.name = name
         self.predictor = predictor
         self.reduced = reduced  # EAGLE-1/2 with vocab=N: the target head's rows of the N most frequent tokens
         self.target = target
         self.feature_layers = tuple(feature_layers)
+        if tree is None:  # the default for the price of a verified row here
+            on_cpu = target.device.type == "cpu"
+            tree = cpu_kernels.by_row_price(DEAR_ROWS_TREE, DEAR_ROWS_TREE, DEFAULT_TREE) if on_cpu else DEFAULT_TREE
         self._tree = tree
         c = predictor.config.layer
         self.cache = PagedKVCache(1, engine.num_blocks + spare_blocks(engine), engine.block_size, c.num_kv_heads,

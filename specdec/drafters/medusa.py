@@ -13,12 +13,14 @@ then rank r2 of head 1, ...". `dynamic:depth,topk,budget` keeps the `budget` pat
 log-probability (best-first; a child never scores above its parent, so the result is a tree). Proposals are
 deterministic top-k, which the verifier treats as one-hot proposals: lossless at any temperature.
 
-Without a path, the heads shipped for the target are used (`specdec/assets/medusa/<alias>/`).
+Without a path, the heads shipped for the target are used (`specdec/assets/medusa/<alias>/`). Option `vocab=N`
+scores only the N most frequent target tokens (the target head's rows of them); without it, heads trained that way
+(`specdec train medusa --vocab N`, recorded in their `specdec_medusa.json`) use their own N, others the full
+vocabulary.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +30,11 @@ from torch import Tensor
 from specdec.drafters.base import DrafterBase, DrafterContext
 from specdec.drafters.heads.medusa_heads import MedusaHeads, load_heads, shipped_heads_dir
 from specdec.drafters.heads.draft_folder import alias_of
-from specdec.drafters.heads.reduced_vocab import draft_vocab, reduced_from
+from specdec.drafters.heads.reduced_vocab import draft_vocab, recorded_draft_vocab, reduced_from
 from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
+from specdec.kernels import cpu as cpu_kernels
 from specdec.models.quant import quantize_drafter_int8_
 from specdec.tree.growth import per_depth_trees
 from specdec.tree.spec import TreeSpec, parse_tree_spec
@@ -39,7 +42,13 @@ from specdec.tree.token_tree import TokenTree
 from specdec.verifier.result import VerifyResult
 
 META_FILE = "specdec_medusa.json"
-DEFAULT_TREE = "static:medusa-8"  # chosen by tok/s with the int8 target when the shipped heads were trained
+# Default trees by the price of a verified row (`cpu_kernels.by_row_price`). Where rows are dear (AVX2, AVX-512
+# VNNI) two nodes: on a Zen 4 core with the heads of the 0.70M-token corpus, dev split with the planner on,
+# `dynamic:depth=2,topk=2,budget=2` ran at 1.11x of int8 plain decode, chains of 1-2 and 3-node trees at
+# 1.09-1.10x, and `static:medusa-8` (six candidates at depth 1) at 0.96x. Where rows are nearly free (AMX) the
+# 8-node tree chosen when the first heads were trained on such a CPU.
+NARROW_TREE = "dynamic:depth=2,topk=2,budget=2"
+FLAT_ROWS_TREE = "static:medusa-8"
 
 
 @dataclass
@@ -56,7 +65,8 @@ class MedusaDrafter(DrafterBase):
         self.ids = ids  # [N] target id of each draft id when the heads score a reduced vocabulary (vocab=N)
 
     def default_tree(self) -> TreeSpec:
-        return parse_tree_spec(DEFAULT_TREE)
+        return parse_tree_spec(cpu_kernels.by_row_price(NARROW_TREE, NARROW_TREE, FLAT_ROWS_TREE)
+                               if self.heads.weight.device.type == "cpu" else FLAT_ROWS_TREE)
 
     # ------------------------------------------------------------------------------------------- state
     def hidden_of(self, seq: Sequence) -> Tensor | None:
@@ -86,23 +96,11 @@ class MedusaDrafter(DrafterBase):
         if not ready or depth == 0 or spec.budget == 0:
             return trees
         stacked = torch.stack([hidden[i] for i in ready])
-        logp = torch.log_softmax(self.heads(stacked)[:, :depth].float(), dim=-1)  # [B, D, V'], one call for all
+        logp = torch.log_softmax(self.heads(stacked, depth).float(), dim=-1)  # [B, D, V'], one call for all
         # over a reduced vocabulary, ranked there and mapped back to target ids (the other tokens impossible)
         for i, tree in zip(ready, per_depth_trees([seqs[i].last_token for i in ready], logp, spec, self.ids)):
             trees[i] = tree
         return trees
-
-
-def trained_vocab(ref: Path) -> int:
-    """The draft vocabulary the heads in `ref` were trained to score (`specdec train medusa --vocab N`), read from
-    their `specdec_medusa.json`; 0 (the full vocabulary) for heads without one, such as published checkpoints."""
-    meta = (ref if ref.is_dir() else ref.parent) / META_FILE
-    if not meta.is_file():
-        return 0
-    try:
-        return int(json.loads(meta.read_text()).get("draft_vocab") or 0)
-    except (ValueError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"{meta} is not a readable Medusa metadata file: {exc}") from None
 
 
 @register("medusa")
@@ -118,10 +116,12 @@ def _build(args: dict[str, str], ctx: DrafterContext) -> MedusaDrafter:
                               "`specdec train medusa --target ... --out DIR` and use drafter 'medusa:DIR/heads'")
         ref = str(shipped)
     if vocab == -1:
-        vocab = trained_vocab(Path(ref).expanduser())
+        vocab = recorded_draft_vocab(Path(ref).expanduser(), META_FILE)
     c = target.config
     heads = load_heads(Path(ref), c.hidden_size, c.vocab_size, target.lm_head, ctx.device,
                        torch.float32 if ctx.dtype == torch.float32 or ctx.quantize else ctx.dtype)
+    if ctx.quantize == "int8":  # the ResBlocks as int8 linears, as an EAGLE head's are
+        quantize_drafter_int8_(heads.as_linears())
     if not vocab:
         return MedusaDrafter(heads)
     ids = draft_vocab(alias_of(ctx.target.source), vocab, c.vocab_size).to(ctx.device)

@@ -244,7 +244,8 @@ def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any =
         loaded = load_model(cfg.target, cfg.device, "float32", show_progress=True)
     target = loaded.model
     if not 0 <= cfg.vocab <= target.config.vocab_size:
-        raise ConfigError(f"--vocab must be between 0 (the full vocabulary) and the target's {target.config.vocab_size}, "
+        raise ConfigError(f"--vocab must be between 0 (the full vocabulary) and the target's "
+                          f"{target.config.vocab_size}, "
                           f"got {cfg.vocab}")
     corpus = obtain_corpus(cfg, loaded, out, resume, progress, cfg.val_prompts + cfg.batch_size)
     n = len(corpus.response_ids)
@@ -311,12 +312,12 @@ def render_readme(meta: dict[str, Any]) -> str:
         "reads the target's final hidden state and predicts the token i + 2 ahead through the target's own LM "
         "head (frozen, shared, not stored here), so the folder holds only the ResBlocks "
         "(`{i}.{j}.linear.weight/bias`, the published Medusa key layout without the `{i}.{L}.weight` projections).",
-        *([""] + [f"The heads score only the {meta['draft_vocab']} most frequent target tokens (the target head's rows of "
-                  f"`specdec/assets/vocab/`'s ranking), so `medusa` with these heads means `medusa:vocab="
+        *([""] + [f"The heads score only the {meta['draft_vocab']} most frequent target tokens (the target head's "
+                  f"rows of `specdec/assets/vocab/`'s ranking), so `medusa` with these heads means `medusa:vocab="
                   f"{meta['draft_vocab']}` (`specdec_medusa.json` `draft_vocab`); `medusa:vocab=0` scores the full "
                   "vocabulary."] if meta.get("draft_vocab") else []),
         "",
-        "Made with (one CPU thread: `OMP_NUM_THREADS=1`):",
+        f"Made with ({meta['threads']} CPU thread(s): `OMP_NUM_THREADS={meta['threads']}`):",
         "",
         "```",
         meta["command"],
@@ -324,8 +325,10 @@ def render_readme(meta: dict[str, Any]) -> str:
         "",
         f"- corpus: {c['answers']} answers ({c['train_answers']} trained on, {c['held_out_answers']} held out), "
         f"{c['tokens']} tokens, of which {c['generated_tokens']} are the target's greedy answers "
-        f"({cfg['new_tokens']} new tokens at most, chat template); source `{c['source']}`",
-        f"- wall time ({meta['threads']} thread): features {s['features']:.0f} s, training {s['train']:.0f} s"
+        + (f"({cfg['new_tokens']} new tokens at most, chat template)" if not cfg.get("corpus")
+           else "(as long as the corpus holds them)")
+        + f"; source `{c['source']}`",
+        f"- wall time ({meta['threads']} thread(s)): features {s['features']:.0f} s, training {s['train']:.0f} s"
         + (f", generation {s['generate']:.0f} s" if s.get("generate") else "")
         + (f"; the whole command, model loading included, {s['invocation']:.0f} s" if "invocation" in s else ""),
         f"- held-out top-1 accuracy per head (token t+2, t+3, ...): "

@@ -81,3 +81,37 @@ def test_reduced_drafters_propose_only_target_ids_of_the_draft_vocabulary(defaul
     finally:
         default_llm.use("none")
     assert seen and set(seen) <= allowed
+
+
+@pytest.mark.skipif(not (VOCAB_DIR / "smollm2-135m.safetensors").is_file(), reason="no shipped ranking")
+@pytest.mark.parametrize("level", ["avx2", "avx512", "amx"])
+def test_shipped_heads_default_to_their_recorded_vocabulary_and_a_tree_for_the_row_price(
+        default_llm, monkeypatch, level):
+    """The shipped `draft`, `medusa` and `eagle` take the draft vocabulary their metadata records (4,096 tokens),
+    and a narrow tree where verified rows are dear; an explicit option still wins."""
+    from specdec.kernels import cpu as cpu_kernels
+    from specdec.tree.spec import parse_tree_spec
+
+    monkeypatch.setattr(cpu_kernels, "flat_verified_rows", lambda: level == "amx")
+    monkeypatch.setattr(cpu_kernels, "blocked_weights", lambda: level == "avx512")
+    dear = level != "amx"
+
+    def draft_ids(llm):  # the target ids of the drafter's reduced head (None: the full vocabulary)
+        drafter = llm.engine.drafter
+        return drafter.reduced.ids if drafter.name == "eagle" and drafter.reduced is not None else getattr(
+            drafter, "ids", None)
+
+    defaults = {"draft": ("chain:k=1", "chain:k=5"),
+                "medusa": ("dynamic:depth=2,topk=2,budget=2", "static:medusa-8"),
+                "eagle": ("chain:k=2", "dynamic:depth=5,topk=3,budget=7")}
+    try:
+        for name, (dear_tree, flat_tree) in defaults.items():
+            default_llm.use(name)
+            assert draft_ids(default_llm) is not None and draft_ids(default_llm).shape[0] == 4096, name
+            assert default_llm.engine.drafter.default_tree() == parse_tree_spec(dear_tree if dear else flat_tree)
+            default_llm.use(f"{name}:vocab=0")
+            assert draft_ids(default_llm) is None, name
+        default_llm.use("draft:k=3")
+        assert default_llm.engine.drafter.default_tree() == parse_tree_spec("chain:k=3")
+    finally:
+        default_llm.use("none")

@@ -103,7 +103,7 @@ def test_reduced_vocabulary_labels_are_draft_ids_and_outside_tokens_count_as_mis
 
 
 def test_a_run_with_a_reduced_vocabulary_records_it_and_the_drafter_defaults_to_it(tmp_path):
-    from specdec.drafters.medusa import trained_vocab
+    from specdec.drafters.heads.reduced_vocab import recorded_draft_vocab
 
     model = tiny_model(1, vocab=VOCAB, sharpness=3.0)
     loaded = LoadedModel(model, NoTokenizer(), "dummy:tiny")
@@ -114,9 +114,14 @@ def test_a_run_with_a_reduced_vocabulary_records_it_and_the_drafter_defaults_to_
     heads, meta = run_medusa(cfg, tmp_path / "run", loaded=loaded, log=lambda _: None)
     assert meta["draft_vocab"] == 6 and "--vocab 6" in cfg.command(tmp_path / "run", None)
     assert heads(torch.randn(2, model.config.hidden_size)).shape == (2, 2, 6)
-    assert trained_vocab(tmp_path) == 0  # no metadata: the full vocabulary
-    (tmp_path / "specdec_medusa.json").write_text('{"draft_vocab": 6}')
-    assert trained_vocab(tmp_path) == 6 and trained_vocab(tmp_path / "medusa_lm_head.safetensors") == 6
+    meta = "specdec_medusa.json"
+    assert recorded_draft_vocab(tmp_path, meta) == 0  # no metadata: the full vocabulary
+    (tmp_path / meta).write_text('{"draft_vocab": 6}')
+    assert recorded_draft_vocab(tmp_path, meta) == 6
+    assert recorded_draft_vocab(tmp_path / "medusa_lm_head.safetensors", meta) == 6
+    (tmp_path / meta).write_text('{"draft_vocab": "many"}')
+    with pytest.raises(ConfigError, match="not a readable drafter metadata file"):
+        recorded_draft_vocab(tmp_path, meta)
     with pytest.raises(ConfigError, match="--vocab must be"):
         run_medusa(MedusaConfig(target="dummy:tiny", corpus=str(corpus_path), vocab=VOCAB + 1), tmp_path / "r2",
                    loaded=loaded, log=lambda _: None)

@@ -46,24 +46,52 @@ class MedusaHeads(nn.Module):
         # [K, V, H] the heads' own projections, or None: the target's LM head
         self.projections = nn.Parameter(projections, requires_grad=False) if projections is not None else None
         self._shared = [lm_head]  # a list, so the target's module is neither a submodule nor in state_dict
+        self.blocks: nn.ModuleList | None = None  # per-(head, layer) linears once `as_linears` made them
 
     @property
     def lm_head(self) -> nn.Module | None:
         return self._shared[0]
 
-    def residual(self, hidden: Tensor) -> Tensor:
-        """[B, H] -> [K, B, H]: every head's ResBlocks over the same rows."""
-        x = hidden.to(self.weight.dtype).unsqueeze(0).expand(self.num_heads, -1, -1)
+    def as_linears(self) -> nn.ModuleList:
+        """The ResBlocks as one nn.Linear per (head, layer), which `residual` then uses: the form in which a
+        drafter's linears go int8 beside an int8 target (`quantize_drafter_int8_`). In float32 the four
+        576-wide heads' 5 MB leave the cache during the target's pass, and reading them back was most of
+        a proposal's time."""
+        blocks = nn.ModuleList()
+        for i in range(self.num_heads):
+            for j in range(self.num_layers):
+                linear = nn.Linear(self.hidden_size, self.hidden_size)
+                with torch.no_grad():
+                    linear.weight.copy_(self.weight[i, j])
+                    linear.bias.copy_(self.bias[i, j])
+                blocks.append(linear)
+        self.blocks = blocks.requires_grad_(False)
+        return blocks
+
+    def residual(self, hidden: Tensor, heads: int | None = None) -> Tensor:
+        """[B, H] -> [K', B, H]: the ResBlocks of the first K' = `heads` heads (all by default) over the same rows."""
+        k = self.num_heads if heads is None else min(heads, self.num_heads)
+        if self.blocks is not None:
+            outs = []
+            for i in range(k):
+                x = hidden.float()
+                for j in range(self.num_layers):
+                    x = x + F.silu(self.blocks[i * self.num_layers + j](x))
+                outs.append(x)
+            return torch.stack(outs)
+        x = hidden.to(self.weight.dtype).unsqueeze(0).expand(k, -1, -1)
         for j in range(self.num_layers):
-            x = x + F.silu(torch.baddbmm(self.bias[:, j, None, :], x, self.weight[:, j].transpose(1, 2)))
+            x = x + F.silu(torch.baddbmm(self.bias[:k, j, None, :], x, self.weight[:k, j].transpose(1, 2)))
         return x
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        """[B, H] final-norm hidden states -> [B, K, V] logits (head i: the token i + 2 ahead)."""
-        x = self.residual(hidden)
+    def forward(self, hidden: Tensor, heads: int | None = None) -> Tensor:
+        """[B, H] final-norm hidden states -> [B, K', V] logits of the first K' = `heads` heads (head i: the token
+        i + 2 ahead). A tree the planner cut to one depth reads one head: computing the other three cost 0.3 ms
+        of a 1 ms proposal on the default model, their weights being out of cache after the target's pass."""
+        x = self.residual(hidden, heads)
         k, b, h = x.shape
         if self.projections is not None:
-            logits = torch.bmm(x, self.projections.transpose(1, 2))
+            logits = torch.bmm(x, self.projections[:k].transpose(1, 2))
         else:
             logits = self.lm_head(x.reshape(k * b, h).to(_input_dtype(self.lm_head, x.dtype))).view(k, b, -1)
         return logits.transpose(0, 1)

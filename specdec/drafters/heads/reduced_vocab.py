@@ -134,3 +134,18 @@ def training_draft_ids(target_name: str, size: int, answers, vocab_size: int) ->
     if alias and (VOCAB_DIR / f"{alias}.safetensors").is_file():
         return draft_vocab(alias, size, vocab_size)
     return ranking_of(token_counts(answers, vocab_size))[:size].long().sort().values
+
+
+def recorded_draft_vocab(ref: Path, meta_name: str) -> int:
+    """The draft vocabulary a drafter folder (or a file in it) records as its default in its metadata file
+    `meta_name` (`draft_vocab`, as `specdec train ... --vocab N` writes it, or as chosen by measurement for a
+    shipped folder); 0 (the full vocabulary) where there is none, as for published checkpoints."""
+    import json
+
+    meta = (ref if ref.is_dir() else ref.parent) / meta_name
+    if not meta.is_file():
+        return 0
+    try:
+        return int(json.loads(meta.read_text()).get("draft_vocab") or 0)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{meta} is not a readable drafter metadata file: {exc}") from None
