@@ -32,11 +32,14 @@ _LABELS = {"generate": "generating answers (tokens)", "teacher": "target distrib
 def draft(
     target: str = typer.Option("smollm2-135m", help="The target to distill from (alias, HF folder, .gguf)."),
     prompts: Optional[Path] = typer.Option(None, help="JSONL prompt file; default: the package's training corpus."),
+    corpus: Optional[Path] = typer.Option(None, help="Reuse a corpus instead of generating one: a `specdec data "
+                                                     "build` folder or a corpus.pt of an earlier run."),
     out: Path = typer.Option(..., help="Run folder: checkpoints, and the draft folder in OUT/draft."),
     layers: int = typer.Option(2, help="Decoder layers of the draft."),
     init_from: Optional[str] = typer.Option(None, help="Target layers to copy into the draft, e.g. 0,1 "
                                                        "(default: the first LAYERS)."),
-    max_prompts: int = typer.Option(512, help="Prompts to answer (taken from the corpus shuffled by --seed)."),
+    max_prompts: int = typer.Option(512, help="Prompts to answer (taken from the corpus shuffled by --seed), or "
+                                              "answers of --corpus to use."),
     new_tokens: int = typer.Option(64, help="Greedy answer length per prompt."),
     steps: int = typer.Option(300, help="Optimizer steps."),
     batch_size: int = typer.Option(16, help="Answers per step."),
@@ -61,7 +64,8 @@ def draft(
         if threads:
             torch.set_num_threads(threads)
         cfg = DistillConfig(
-            target=target, prompts=str(prompts) if prompts else None, layers=layers,
+            target=target, prompts=str(prompts) if prompts else None, corpus=str(corpus) if corpus else None,
+            layers=layers,
             init_from=_layer_list(init_from), max_prompts=max_prompts, new_tokens=new_tokens, steps=steps,
             batch_size=batch_size, lr=lr, topk=topk, val_prompts=val_prompts, seed=seed,
             teacher_bf16=teacher_bf16, train_bf16=train_bf16,

@@ -31,9 +31,9 @@ from specdec.errors import ConfigError
 from specdec.models.dense import dense_forward
 from specdec.models.llama import LlamaModel
 from specdec.training.common import (
-    CHECKPOINT_FILE, CORPUS_FILE, TEACHER_FILE, Corpus, Progress, Teacher, TrainSettings, TrainState, _batch,
-    _no_progress, check_run_folder, generate_corpus, load_corpus, load_teacher, load_train_state, measure_tau,
-    optimise, prompt_texts, teacher_topk,
+    CHECKPOINT_FILE, TEACHER_FILE, Corpus, Progress, Teacher, TrainSettings, TrainState, _batch, _no_progress,
+    check_run_folder, load_teacher, load_train_state, measure_tau, obtain_corpus, optimise, prompt_texts,
+    teacher_topk,
 )
 
 
@@ -146,6 +146,7 @@ class DistillConfig:
 
     target: str = "smollm2-135m"
     prompts: str | None = None  # JSONL prompt file; None = the package's training corpus
+    corpus: str | None = None  # an existing corpus (a `specdec data build` folder or a corpus.pt): no generation
     layers: int = 2
     init_from: tuple[int, ...] | None = None  # target layers to copy; None = the first `layers`
     max_prompts: int = 512
@@ -165,6 +166,8 @@ class DistillConfig:
         parts = ["specdec train draft", f"--target {self.target}"]
         if self.prompts:
             parts.append(f"--prompts {self.prompts}")
+        if self.corpus:
+            parts.append(f"--corpus {self.corpus}")
         parts += [f"--out {out}", f"--layers {self.layers}"]
         if self.init_from is not None:
             parts.append("--init-from " + ",".join(map(str, self.init_from)))
@@ -183,36 +186,32 @@ class DistillConfig:
 def run_distillation(cfg: DistillConfig, out: Path, resume: bool = False, loaded: Any = None,
                      progress: Progress = _no_progress, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Corpus -> teacher -> training -> the draft folder `out/draft`; returns the numbers for its README."""
-    from specdec.api import LLM
-    from specdec.config import EngineConfig
     from specdec.drafters.heads.draft_folder import write_draft_folder
     from specdec.models.loader import load_model
 
     torch.manual_seed(cfg.seed)
     check_run_folder(out, cfg, resume)
-    texts = prompt_texts(cfg)
+    if not cfg.corpus:
+        prompt_texts(cfg)  # too few prompts: said before the model loads
     if loaded is None:
         loaded = load_model(cfg.target, "cpu", "float32", show_progress=True)
     target = loaded.model
     if cfg.layers < 1 or cfg.layers >= target.config.num_layers:
         raise ConfigError(f"--layers must be between 1 and {target.config.num_layers - 1}, got {cfg.layers}")
 
-    corpus_path, teacher_path, ckpt_path = out / CORPUS_FILE, out / TEACHER_FILE, out / CHECKPOINT_FILE
-    corpus = load_corpus(corpus_path) if resume and corpus_path.is_file() else None
-    if corpus is None or len(corpus.response_ids) < len(texts):
-        llm = LLM.from_loaded(loaded, engine_config=EngineConfig(max_num_seqs=64))
-        corpus = generate_corpus(llm, texts, cfg.new_tokens, corpus_path, corpus, progress=progress)
-    log(f"corpus: {len(texts)} prompts, {corpus.num_tokens} tokens "
-        f"({sum(map(len, corpus.response_ids))} generated) in {corpus.seconds:.0f} s")
+    teacher_path, ckpt_path = out / TEACHER_FILE, out / CHECKPOINT_FILE
+    corpus = obtain_corpus(cfg, loaded, out, resume, progress, cfg.val_prompts + cfg.batch_size)
+    n = len(corpus.response_ids)
+    log(f"corpus: {n} answers, {corpus.num_tokens} tokens ({sum(map(len, corpus.response_ids))} generated)"
+        + (f", reused from {cfg.corpus}" if cfg.corpus else f" in {corpus.seconds:.0f} s"))
 
     teacher = load_teacher(teacher_path) if resume and teacher_path.is_file() else None
-    if teacher is None or len(teacher.ids) < len(texts):
+    if teacher is None or len(teacher.ids) < n:
         teacher = teacher_topk(target, corpus, cfg.topk, teacher_path, teacher, bf16=cfg.teacher_bf16,
                                progress=progress)
     log(f"teacher: top-{cfg.topk} log-probs at {sum(len(t) for t in teacher.ids)} positions "
         f"in {teacher.seconds:.0f} s")
 
-    n = len(texts)
     train, val = list(range(n - cfg.val_prompts)), list(range(n - cfg.val_prompts, n))
     settings = TrainSettings(steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
                              bf16=cfg.train_bf16)
@@ -227,6 +226,7 @@ def run_distillation(cfg: DistillConfig, out: Path, resume: bool = False, loaded
     log(f"train: {state.step} steps in {state.seconds:.0f} s; loss {final.get('loss', float('nan')):.3f}, "
         f"held-out KL {final['val_kl']:.3f}, top-1 agreement {final['val_top1']:.3f}")
 
+    generated = 0.0 if cfg.corpus else round(corpus.seconds, 1)  # a reused corpus was made by another command
     meta = {
         "target": cfg.target,
         "command": cfg.command(out, torch.get_num_threads()),
@@ -234,10 +234,9 @@ def run_distillation(cfg: DistillConfig, out: Path, resume: bool = False, loaded
         "init_from": list(cfg.init_from or range(cfg.layers)),
         "corpus": {"prompts": n, "train_prompts": len(train), "held_out_prompts": len(val),
                    "tokens": corpus.num_tokens, "generated_tokens": sum(map(len, corpus.response_ids)),
-                   "source": cfg.prompts or "specdec/data/train_prompts.jsonl"},
-        "seconds": {"generate": round(corpus.seconds, 1), "teacher": round(teacher.seconds, 1),
-                    "train": round(state.seconds, 1),
-                    "total": round(corpus.seconds + teacher.seconds + state.seconds, 1)},
+                   "source": cfg.corpus or cfg.prompts or "specdec/data/train_prompts.jsonl"},
+        "seconds": {"generate": generated, "teacher": round(teacher.seconds, 1), "train": round(state.seconds, 1),
+                    "total": round(generated + teacher.seconds + state.seconds, 1)},
         "threads": torch.get_num_threads(),
         "history": state.history,
         "final": final,

@@ -180,6 +180,11 @@ def test_a_whole_run_on_a_dummy_target_writes_a_draft_the_engine_can_use(tmp_pat
                          log=lambda _: None)
     again = run_distillation(cfg, tmp_path / "run", resume=True, loaded=loaded, log=lambda _: None)
     assert again["final"] == meta["final"]
+    # another run on the same answers (`--corpus`): nothing generated again, the source recorded
+    reused = DistillConfig(**{**cfg.__dict__, "prompts": None, "corpus": str(tmp_path / "run" / "corpus.pt")})
+    other = run_distillation(reused, tmp_path / "run2", loaded=loaded, log=lambda _: None)
+    assert other["corpus"]["generated_tokens"] == meta["corpus"]["generated_tokens"]
+    assert other["seconds"]["generate"] == 0.0 and f"--corpus {reused.corpus}" in other["command"]
 
     params = SamplingParams(max_new_tokens=8)
     plain = LLM.from_loaded(loaded).generate(["hello"], params, chat=False)[0].token_ids
