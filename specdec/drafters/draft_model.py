@@ -119,8 +119,8 @@ def _build_draft(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter
             _no_quantize_option(quantize, "the shipped draft")
             if not vocab_given:
                 vocab = recorded_draft_vocab(shipped, SHIPPED_META)
-            if not k_given and ctx.device.type == "cpu":
-                k = cpu_kernels.by_row_price(SHIPPED_DEAR_ROWS_K, SHIPPED_DEAR_ROWS_K, k)
+            if not k_given:
+                k = cpu_kernels.by_row_price(SHIPPED_DEAR_ROWS_K, SHIPPED_DEAR_ROWS_K, k, ctx.device)
             return _drafter(_layers_only_draft(shipped, ctx), ctx, k, vocab)
         model_ref = default_draft_model(ctx.target.source)  # qwen2.5-coder-1.5b drafts with its 0.5B sibling
         registered = model_ref is not None

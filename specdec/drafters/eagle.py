@@ -84,8 +84,7 @@ class EagleDrafter(ModelDrafter):
         self.target = target
         self.feature_layers = tuple(feature_layers)
         if tree is None:  # the default for the price of a verified row here
-            on_cpu = target.device.type == "cpu"
-            tree = cpu_kernels.by_row_price(DEAR_ROWS_TREE, DEAR_ROWS_TREE, DEFAULT_TREE) if on_cpu else DEFAULT_TREE
+            tree = cpu_kernels.by_row_price(DEAR_ROWS_TREE, DEAR_ROWS_TREE, DEFAULT_TREE, target.device)
         self._tree = tree
         c = predictor.config.layer
         self.cache = PagedKVCache(1, engine.num_blocks + spare_blocks(engine), engine.block_size, c.num_kv_heads,

@@ -65,8 +65,8 @@ class MedusaDrafter(DrafterBase):
         self.ids = ids  # [N] target id of each draft id when the heads score a reduced vocabulary (vocab=N)
 
     def default_tree(self) -> TreeSpec:
-        return parse_tree_spec(cpu_kernels.by_row_price(NARROW_TREE, NARROW_TREE, FLAT_ROWS_TREE)
-                               if self.heads.weight.device.type == "cpu" else FLAT_ROWS_TREE)
+        return parse_tree_spec(cpu_kernels.by_row_price(NARROW_TREE, NARROW_TREE, FLAT_ROWS_TREE,
+                                                        self.heads.weight.device))
 
     # ------------------------------------------------------------------------------------------- state
     def hidden_of(self, seq: Sequence) -> Tensor | None:

@@ -245,8 +245,7 @@ def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any =
     target = loaded.model
     if not 0 <= cfg.vocab <= target.config.vocab_size:
         raise ConfigError(f"--vocab must be between 0 (the full vocabulary) and the target's "
-                          f"{target.config.vocab_size}, "
-                          f"got {cfg.vocab}")
+                          f"{target.config.vocab_size}, got {cfg.vocab}")
     corpus = obtain_corpus(cfg, loaded, out, resume, progress, cfg.val_prompts + cfg.batch_size)
     n = len(corpus.response_ids)
     corpus_path = Path(cfg.corpus).expanduser() if cfg.corpus else out / CORPUS_FILE

@@ -95,6 +95,11 @@ def test_shipped_heads_default_to_their_recorded_vocabulary_and_a_tree_for_the_r
     monkeypatch.setattr(cpu_kernels, "flat_verified_rows", lambda: level == "amx")
     monkeypatch.setattr(cpu_kernels, "blocked_weights", lambda: level == "avx512")
     dear = level != "amx"
+    import torch
+
+    expected = "flat" if not dear else "blocked" if level == "avx512" else "costly"
+    assert cpu_kernels.by_row_price("costly", "blocked", "flat", torch.device("cpu")) == expected
+    assert cpu_kernels.by_row_price("costly", "blocked", "flat", torch.device("cuda")) == "flat"  # GPU drafters
 
     def draft_ids(llm):  # the target ids of the drafter's reduced head (None: the full vocabulary)
         drafter = llm.engine.drafter

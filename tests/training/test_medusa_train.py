@@ -55,13 +55,18 @@ def test_loss_falls_within_a_few_steps(tmp_path):
     assert not heads.weight.requires_grad and model.lm_head.weight.grad is None  # the target stays frozen
 
 
-def test_a_run_writes_heads_that_load_and_resume_restores_them(tmp_path):
+def tiny_run(tmp_path, **settings) -> tuple:
+    """A tiny target, loaded, and a run config over a saved tiny corpus (`settings` override the defaults)."""
     model = tiny_model(1, vocab=VOCAB, sharpness=3.0)
-    loaded = LoadedModel(model, NoTokenizer(), "dummy:tiny")
     corpus_path = tmp_path / "corpus.pt"
     save_atomic(vars(tiny_corpus()), corpus_path)
-    cfg = MedusaConfig(target="dummy:tiny", corpus=str(corpus_path), heads=2, steps=6, batch_size=4, lr=1e-2,
-                       val_prompts=2)
+    cfg = MedusaConfig(**{"target": "dummy:tiny", "corpus": str(corpus_path), "heads": 2, "steps": 6,
+                          "batch_size": 4, "lr": 1e-2, "val_prompts": 2, **settings})
+    return model, LoadedModel(model, NoTokenizer(), "dummy:tiny"), cfg
+
+
+def test_a_run_writes_heads_that_load_and_resume_restores_them(tmp_path):
+    model, loaded, cfg = tiny_run(tmp_path)
     heads, meta = run_medusa(cfg, tmp_path / "run", loaded=loaded, log=lambda _: None)
     assert meta["corpus"]["answers"] == 12 and len(meta["heldout_accuracy"]) == 2
     assert heads.weight.abs().sum() > 0
@@ -105,25 +110,20 @@ def test_reduced_vocabulary_labels_are_draft_ids_and_outside_tokens_count_as_mis
 def test_a_run_with_a_reduced_vocabulary_records_it_and_the_drafter_defaults_to_it(tmp_path):
     from specdec.drafters.heads.reduced_vocab import recorded_draft_vocab
 
-    model = tiny_model(1, vocab=VOCAB, sharpness=3.0)
-    loaded = LoadedModel(model, NoTokenizer(), "dummy:tiny")
-    corpus_path = tmp_path / "corpus.pt"
-    save_atomic(vars(tiny_corpus()), corpus_path)
-    cfg = MedusaConfig(target="dummy:tiny", corpus=str(corpus_path), heads=2, steps=4, batch_size=4, lr=1e-2,
-                       val_prompts=2, vocab=6)
+    model, loaded, cfg = tiny_run(tmp_path, steps=4, vocab=6)
     heads, meta = run_medusa(cfg, tmp_path / "run", loaded=loaded, log=lambda _: None)
     assert meta["draft_vocab"] == 6 and "--vocab 6" in cfg.command(tmp_path / "run", None)
     assert heads(torch.randn(2, model.config.hidden_size)).shape == (2, 2, 6)
-    meta = "specdec_medusa.json"
-    assert recorded_draft_vocab(tmp_path, meta) == 0  # no metadata: the full vocabulary
-    (tmp_path / meta).write_text('{"draft_vocab": 6}')
-    assert recorded_draft_vocab(tmp_path, meta) == 6
-    assert recorded_draft_vocab(tmp_path / "medusa_lm_head.safetensors", meta) == 6
-    (tmp_path / meta).write_text('{"draft_vocab": "many"}')
+    meta_name = "specdec_medusa.json"
+    assert recorded_draft_vocab(tmp_path, meta_name) == 0  # no metadata: the full vocabulary
+    (tmp_path / meta_name).write_text('{"draft_vocab": 6}')
+    assert recorded_draft_vocab(tmp_path, meta_name) == 6
+    assert recorded_draft_vocab(tmp_path / "medusa_lm_head.safetensors", meta_name) == 6
+    (tmp_path / meta_name).write_text('{"draft_vocab": "many"}')
     with pytest.raises(ConfigError, match="not a readable drafter metadata file"):
-        recorded_draft_vocab(tmp_path, meta)
+        recorded_draft_vocab(tmp_path, meta_name)
     with pytest.raises(ConfigError, match="--vocab must be"):
-        run_medusa(MedusaConfig(target="dummy:tiny", corpus=str(corpus_path), vocab=VOCAB + 1), tmp_path / "r2",
+        run_medusa(MedusaConfig(target="dummy:tiny", corpus=cfg.corpus, vocab=VOCAB + 1), tmp_path / "r2",
                    loaded=loaded, log=lambda _: None)
 
 

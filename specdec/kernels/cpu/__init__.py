@@ -197,10 +197,13 @@ def blocked_weights() -> bool:
     return available() and isa() in ("amx", "avx512")
 
 
-def by_row_price(costly: T, blocked: T, flat: T) -> T:
+def by_row_price(costly: T, blocked: T, flat: T, device: torch.device | None = None) -> T:
     """The one of three choices (a drafter's default tree) that suits the price of an extra verified row here:
     `flat` at the "amx" level (`flat_verified_rows`), `blocked` at "avx512" (`blocked_weights`: a few rows for
-    little more than one), `costly` elsewhere."""
+    little more than one), `costly` elsewhere. A drafter that runs on another `device` (a GPU) gets `flat`: the
+    CPU's instruction set says nothing about its rows' price there."""
+    if device is not None and device.type != "cpu":
+        return flat
     return flat if flat_verified_rows() else blocked if blocked_weights() else costly
 
 
