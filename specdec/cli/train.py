@@ -7,12 +7,12 @@ Also runnable alone: `python -m specdec.cli.train draft --out runs/draft`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from specdec.cli import train_eagle, train_medusa
-from specdec.cli.common import console, err_console, fail
+from specdec.cli.common import CORPUS, corpus_setting, console, err_console, fail
 from specdec.errors import ConfigError, SpecdecError
 
 train_app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -32,8 +32,7 @@ _LABELS = {"generate": "generating answers (tokens)", "teacher": "target distrib
 def draft(
     target: str = typer.Option("smollm2-135m", help="The target to distill from (alias, HF folder, .gguf)."),
     prompts: Optional[Path] = typer.Option(None, help="JSONL prompt file; default: the package's training corpus."),
-    corpus: Optional[Path] = typer.Option(None, help="Reuse a corpus instead of generating one: a `specdec data "
-                                                     "build` folder or a corpus.pt of an earlier run."),
+    corpus: Optional[List[Path]] = CORPUS,
     out: Path = typer.Option(..., help="Run folder: checkpoints, and the draft folder in OUT/draft."),
     layers: int = typer.Option(2, help="Decoder layers of the draft."),
     init_from: Optional[str] = typer.Option(None, help="Target layers to copy into the draft, e.g. 0,1 "
@@ -64,7 +63,7 @@ def draft(
         if threads:
             torch.set_num_threads(threads)
         cfg = DistillConfig(
-            target=target, prompts=str(prompts) if prompts else None, corpus=str(corpus) if corpus else None,
+            target=target, prompts=str(prompts) if prompts else None, corpus=corpus_setting(corpus),
             layers=layers,
             init_from=_layer_list(init_from), max_prompts=max_prompts, new_tokens=new_tokens, steps=steps,
             batch_size=batch_size, lr=lr, topk=topk, val_prompts=val_prompts, seed=seed,

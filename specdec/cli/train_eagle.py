@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
-from specdec.cli.common import console, err_console, fail
+from specdec.cli.common import CORPUS, corpus_setting, console, err_console, fail
 from specdec.errors import ConfigError, SpecdecError
 
 _LABELS = {"generate": "generating answers (tokens)", "features": "target features (sequences)",
@@ -25,7 +25,7 @@ def command(kind: str):
     def command(
         target: str = typer.Option("smollm2-135m", help="The target (alias, HF folder, .gguf)."),
         prompts: Optional[Path] = typer.Option(None, help="JSONL prompt file; default: the package's corpus."),
-        corpus: Optional[Path] = typer.Option(None, help="Reuse a corpus: a `specdec data build` folder or a corpus.pt."),
+        corpus: Optional[List[Path]] = CORPUS,
         out: Path = typer.Option(..., help=f"Run folder: checkpoints, and the predictor in OUT/{kind}."),
         max_prompts: int = typer.Option(512, help="Prompts (or corpus sequences) to use."),
         new_tokens: int = typer.Option(64, help="Greedy answer length per prompt (when generating)."),
@@ -59,7 +59,7 @@ def command(kind: str):
             if threads:
                 torch.set_num_threads(threads)
             cfg = EagleTrainConfig(kind=kind, target=target, prompts=str(prompts) if prompts else None,
-                                   corpus=str(corpus) if corpus else None, max_prompts=max_prompts,
+                                   corpus=corpus_setting(corpus), max_prompts=max_prompts,
                                    new_tokens=new_tokens, steps=steps, batch_size=batch_size, lr=lr,
                                    val_prompts=val_prompts, seed=seed, draft_vocab=draft_vocab, ttt_steps=ttt_steps,
                                    ce_fraction=ce_fraction, ce_weight=ce_weight, vocab=vocab,

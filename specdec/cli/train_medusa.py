@@ -7,12 +7,12 @@ Point `--prompts` at any JSONL file of `{"prompt": ...}` records to train on you
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
 from specdec.errors import SpecdecError
-from specdec.cli.common import console, err_console, fail
+from specdec.cli.common import CORPUS, corpus_setting, console, err_console, fail
 
 _LABELS = {"generate": "generating answers (tokens)", "features": "target features (answers)",
            "train": "training the heads (steps)", "eval": "held-out tau (drafters)"}
@@ -21,8 +21,7 @@ _LABELS = {"generate": "generating answers (tokens)", "features": "target featur
 def medusa(
     target: str = typer.Option("smollm2-135m", help="The target (alias, HF folder, .gguf)."),
     prompts: Optional[Path] = typer.Option(None, help="JSONL prompt file; default: the package's training corpus."),
-    corpus: Optional[Path] = typer.Option(None, help="Reuse an existing corpus.pt (prompts + the target's "
-                                                     "greedy answers) instead of generating one."),
+    corpus: Optional[List[Path]] = CORPUS,
     out: Path = typer.Option(..., help="Run folder: checkpoints, and the heads in OUT/heads."),
     heads: int = typer.Option(4, help="Medusa heads (head i predicts the token i + 2 ahead)."),
     layers: int = typer.Option(1, help="ResBlocks per head."),
@@ -53,7 +52,7 @@ def medusa(
         if threads:
             torch.set_num_threads(threads)
         cfg = MedusaConfig(
-            target=target, prompts=str(prompts) if prompts else None, corpus=str(corpus) if corpus else None,
+            target=target, prompts=str(prompts) if prompts else None, corpus=corpus_setting(corpus),
             heads=heads, layers=layers, max_prompts=max_prompts, new_tokens=new_tokens, steps=steps,
             batch_size=batch_size, lr=lr, val_prompts=val_prompts, seed=seed, bf16=bf16, device=device,
             vocab=vocab,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -101,29 +102,52 @@ def generate_corpus(llm: Any, prompts: list[str], new_tokens: int, path: Path, r
     return corpus
 
 
+def corpus_sources(corpus: str | list[str] | None) -> list[str]:
+    """A trainer config's `corpus` as a list: none, one, or several (`--corpus` repeated) to train on together."""
+    if not corpus:
+        return []
+    return [corpus] if isinstance(corpus, str) else list(corpus)
+
+
+def read_corpus(source: str, loaded: Any) -> Corpus:
+    """One `--corpus`: a `specdec data build` folder (its training records) or a corpus.pt of an earlier run."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return corpus_from_store(path, loaded)
+    if not path.is_file():
+        raise ConfigError(f"--corpus {path} does not exist")
+    return load_corpus(path)
+
+
+def mixed_corpus(parts: list[Corpus], seed: int = 0) -> Corpus:
+    """Several corpora as one, their sequences shuffled together (fixed seed), so that a `--max-prompts` cut, the
+    batches and the held-out tail draw from all of them in proportion."""
+    if len(parts) == 1:
+        return parts[0]
+    pairs = [pair for part in parts for pair in zip(part.prompt_ids, part.response_ids)]
+    random.Random(seed).shuffle(pairs)
+    return Corpus([p for p, _ in pairs], [r for _, r in pairs], sum(part.seconds for part in parts))
+
+
 def obtain_corpus(cfg: Any, loaded: Any, out: Path, resume: bool, progress: Progress, min_size: int) -> Corpus:
-    """The corpus a feature-drafter trainer learns from: `cfg.corpus` reused (e.g. `specdec train draft`'s, so
-    the target answers each prompt once for every trainer), else generated into OUT (and resumed from there).
+    """The corpus a feature-drafter trainer learns from: `cfg.corpus` reused (one source or several, mixed; e.g.
+    `specdec train draft`'s, so the target answers each prompt once for every trainer), else generated into OUT
+    (and resumed from there).
 
     `cfg` needs `corpus`, `max_prompts`, `new_tokens` and what `prompt_texts` reads.
     """
     from specdec.api import LLM
     from specdec.config import EngineConfig
 
-    if cfg.corpus:
-        source = Path(cfg.corpus).expanduser()
-        if source.is_dir():
-            corpus = corpus_from_store(source, loaded)
-        elif not source.is_file():
-            raise ConfigError(f"--corpus {source} does not exist")
-        else:
-            corpus = load_corpus(source)
+    sources = corpus_sources(cfg.corpus)
+    if sources:
+        corpus = mixed_corpus([read_corpus(source, loaded) for source in sources])
         corpus = Corpus(corpus.prompt_ids[: cfg.max_prompts], corpus.response_ids[: cfg.max_prompts], corpus.seconds)
         vocab = loaded.model.config.vocab_size
         top = max((max(p + r) for p, r in zip(corpus.prompt_ids, corpus.response_ids) if p + r), default=0)
         if top >= vocab:
-            raise ConfigError(f"corpus {source} holds token id {top}, beyond the target's vocabulary of {vocab}: "
-                              "it was made for another target")
+            raise ConfigError(f"corpus {', '.join(sources)} holds token id {top}, beyond the target's vocabulary of "
+                              f"{vocab}: it was made for another target")
     else:
         path = out / CORPUS_FILE
         texts = prompt_texts(cfg)

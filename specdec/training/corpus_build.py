@@ -1,7 +1,7 @@
 """Building the training corpus (`specdec data build`): which prompts, and the target's own answers to them.
 
-Prompts are the first human turns of ShareGPT (`sharegpt.py`) plus the package's training prompts, never a
-bench prompt, deduplicated, shuffled once by the seed (so a partial corpus is a fair sample of the whole)
+Prompts are the first human turns of ShareGPT (`sharegpt.py`) plus the package's training prompts, and on
+request grounded prompts made from ShareGPT replies (`grounded.py`), never a bench prompt, deduplicated, shuffled once by the seed (so a partial corpus is a fair sample of the whole)
 and cut where they would not fit. Answers come from the target through our engine with continuous batching,
 `chunk` requests at a time; each finished request is appended to the store at once (`corpus_store.py`), so a
 build can stop anywhere and resume where it stopped.
@@ -37,6 +37,7 @@ class PromptItem:
 class PromptStats:
     sharegpt: int = 0
     train: int = 0
+    grounded: int = 0
     bench_dropped: int = 0
     duplicates: int = 0
     too_long: int = 0
@@ -49,9 +50,9 @@ def _key(text: str) -> str:
 
 
 def collect_prompts(sharegpt: list[tuple[str, str]], train: list[dict], bench: list[str], seed: int,
-                    stats: PromptStats | None = None) -> list[PromptItem]:
-    """Our training prompts and ShareGPT's first turns, minus every bench prompt and every repeat (compared
-    with whitespace and case folded), shuffled by `seed`."""
+                    stats: PromptStats | None = None, grounded: list[PromptItem] = ()) -> list[PromptItem]:
+    """Our training prompts, ShareGPT's first turns and any grounded prompts (`grounded.py`), minus every bench
+    prompt and every repeat (compared with whitespace and case folded), shuffled by `seed`."""
     stats = stats if stats is not None else PromptStats()
     banned = {_key(text) for text in bench}
     seen: set[str] = set()
@@ -59,6 +60,7 @@ def collect_prompts(sharegpt: list[tuple[str, str]], train: list[dict], bench: l
     items: list[PromptItem] = []
     sources = [(f"train:{r.get('id', n)}", r["prompt"], "train") for n, r in enumerate(train)]
     sources += [(f"sharegpt:{cid}", text, "sharegpt") for cid, text in sharegpt]
+    sources += [(item.id, item.text, "grounded") for item in grounded]
     for record_id, text, source in sources:
         setattr(stats, source, getattr(stats, source) + 1)
         key = _key(text)

@@ -32,8 +32,8 @@ from specdec.models.dense import dense_forward
 from specdec.models.llama import LlamaModel
 from specdec.training.common import (
     CHECKPOINT_FILE, TEACHER_FILE, Corpus, Progress, Teacher, TrainSettings, TrainState, _batch, _no_progress,
-    check_run_folder, load_teacher, load_train_state, measure_tau, obtain_corpus, optimise, prompt_texts,
-    teacher_topk,
+    check_run_folder, corpus_sources, load_teacher, load_train_state, measure_tau, obtain_corpus, optimise,
+    prompt_texts, teacher_topk,
 )
 
 
@@ -146,7 +146,7 @@ class DistillConfig:
 
     target: str = "smollm2-135m"
     prompts: str | None = None  # JSONL prompt file; None = the package's training corpus
-    corpus: str | None = None  # an existing corpus (a `specdec data build` folder or a corpus.pt): no generation
+    corpus: str | list[str] | None = None  # existing corpora (`specdec data build` folders, corpus.pt): no generation
     layers: int = 2
     init_from: tuple[int, ...] | None = None  # target layers to copy; None = the first `layers`
     max_prompts: int = 512
@@ -166,8 +166,7 @@ class DistillConfig:
         parts = ["specdec train draft", f"--target {self.target}"]
         if self.prompts:
             parts.append(f"--prompts {self.prompts}")
-        if self.corpus:
-            parts.append(f"--corpus {self.corpus}")
+        parts += [f"--corpus {source}" for source in corpus_sources(self.corpus)]
         parts += [f"--out {out}", f"--layers {self.layers}"]
         if self.init_from is not None:
             parts.append("--init-from " + ",".join(map(str, self.init_from)))
@@ -203,7 +202,7 @@ def run_distillation(cfg: DistillConfig, out: Path, resume: bool = False, loaded
     corpus = obtain_corpus(cfg, loaded, out, resume, progress, cfg.val_prompts + cfg.batch_size)
     n = len(corpus.response_ids)
     log(f"corpus: {n} answers, {corpus.num_tokens} tokens ({sum(map(len, corpus.response_ids))} generated)"
-        + (f", reused from {cfg.corpus}" if cfg.corpus else f" in {corpus.seconds:.0f} s"))
+        + (f", reused from {', '.join(corpus_sources(cfg.corpus))}" if cfg.corpus else f" in {corpus.seconds:.0f} s"))
 
     teacher = load_teacher(teacher_path) if resume and teacher_path.is_file() else None
     if teacher is None or len(teacher.ids) < n:

