@@ -334,7 +334,9 @@ def prompt_texts(cfg: Any) -> list[str]:
 
 
 def check_run_folder(out: Path, cfg: Any, resume: bool) -> None:
-    """Refuse to mix two runs in one folder: a new run needs an empty one, a resumed run the same settings."""
+    """Refuse to mix two runs in one folder: a new run needs an empty one, a resumed run the same settings.
+    Checked before the target loads; `start_run_folder` writes the run's settings once the settings that need
+    the target (its vocabulary, its layers) have been checked too, so that a refused run leaves no folder."""
     import json
 
     run_file = out / "run.json"
@@ -347,8 +349,14 @@ def check_run_folder(out: Path, cfg: Any, resume: bool) -> None:
         if changed:
             detail = ", ".join(f"{k}: {saved.get(k)!r} -> {mine.get(k)!r}" for k in changed)
             raise ConfigError(f"--resume with other settings than the run in {out} ({detail})")
+
+
+def start_run_folder(out: Path, cfg: Any) -> None:
+    """Create the run folder and record the run's settings (`check_run_folder` compares a resumed run with them)."""
+    import json
+
     out.mkdir(parents=True, exist_ok=True)
-    run_file.write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+    (out / "run.json").write_text(json.dumps(asdict(cfg), indent=2) + "\n")
 
 
 

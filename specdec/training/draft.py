@@ -33,7 +33,7 @@ from specdec.models.llama import LlamaModel
 from specdec.training.common import (
     CHECKPOINT_FILE, TEACHER_FILE, Corpus, Progress, Teacher, TrainSettings, TrainState, _batch, _no_progress,
     check_run_folder, corpus_sources, load_teacher, load_train_state, measure_tau, obtain_corpus, optimise,
-    prompt_texts, teacher_topk,
+    prompt_texts, start_run_folder, teacher_topk,
 )
 
 
@@ -197,6 +197,7 @@ def run_distillation(cfg: DistillConfig, out: Path, resume: bool = False, loaded
     target = loaded.model
     if cfg.layers < 1 or cfg.layers >= target.config.num_layers:
         raise ConfigError(f"--layers must be between 1 and {target.config.num_layers - 1}, got {cfg.layers}")
+    start_run_folder(out, cfg)
 
     teacher_path, ckpt_path = out / TEACHER_FILE, out / CHECKPOINT_FILE
     corpus = obtain_corpus(cfg, loaded, out, resume, progress, cfg.val_prompts + cfg.batch_size)

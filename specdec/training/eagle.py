@@ -38,7 +38,7 @@ from specdec.drafters.heads.eagle_model import EagleConfig, EaglePredictor
 from specdec.errors import ConfigError
 from specdec.models.llama import LlamaModel
 from specdec.training.common import (Corpus, Progress, TrainSettings, _no_progress, check_run_folder,
-                                            corpus_sources, optimise, save_atomic)
+                                            corpus_sources, optimise, save_atomic, start_run_folder)
 
 FEATURES_FILE = "features.pt"  # one file for the whole corpus: run folders from before sharding
 FEATURES_DIR = "features"  # the slices `record_in_shards` writes
@@ -440,6 +440,7 @@ def run_eagle_training(cfg: EagleTrainConfig, out: Path, resume: bool = False, l
     if loaded is None:
         loaded = load_model(cfg.target, "cpu", "float32", show_progress=True)
     target = loaded.model
+    start_run_folder(out, cfg)
 
     from specdec.training.common import obtain_corpus
 

@@ -34,6 +34,7 @@ from specdec.drafters.heads.medusa_heads import MedusaHeads
 from specdec.errors import ConfigError
 from specdec.training.common import (
     Corpus, Progress, TrainSettings, _no_progress, check_run_folder, corpus_sources, optimise, save_atomic,
+    start_run_folder,
 )
 
 FEATURES_FILE = "features.pt"
@@ -246,6 +247,7 @@ def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any =
     if not 0 <= cfg.vocab <= target.config.vocab_size:
         raise ConfigError(f"--vocab must be between 0 (the full vocabulary) and the target's "
                           f"{target.config.vocab_size}, got {cfg.vocab}")
+    start_run_folder(out, cfg)
     corpus = obtain_corpus(cfg, loaded, out, resume, progress, cfg.val_prompts + cfg.batch_size)
     n = len(corpus.response_ids)
     log(f"corpus: {n} answers, {corpus.num_tokens} tokens ({sum(map(len, corpus.response_ids))} generated)"

@@ -125,6 +125,7 @@ def test_a_run_with_a_reduced_vocabulary_records_it_and_the_drafter_defaults_to_
     with pytest.raises(ConfigError, match="--vocab must be"):
         run_medusa(MedusaConfig(target="dummy:tiny", corpus=cfg.corpus, vocab=VOCAB + 1), tmp_path / "r2",
                    loaded=loaded, log=lambda _: None)
+    assert not (tmp_path / "r2").exists()  # refused before the run folder is made: the same --out works next time
 
 
 def test_optimal_tree_follows_the_accuracy_table():
