@@ -50,6 +50,7 @@ from specdec.kvcache import BlockTable, PagedKVCache
 from specdec.models.dense import dense_forward
 from specdec.models.llama import LlamaModel
 from specdec.models.quant import quantize_drafter_int8_
+from specdec.models.split_input import SplitInputLinear
 from specdec.tree.spec import TreeSpec, chain, dynamic
 from specdec.verifier.result import VerifyResult
 
@@ -239,6 +240,9 @@ def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDr
         reduced = reduced_from(target, draft_vocab(alias_of(ctx.target.source), vocab, target.config.vocab_size))
         reduced.to(ctx.device, ctx.dtype)
     if ctx.quantize == "int8":
+        if version == 1:  # the embedding and the feature each get their own int8 scale (split_input.py)
+            width = predictor.config.hidden_size
+            predictor.fc = SplitInputLinear.from_linear(predictor.fc, (width, predictor.fc.in_features - width))
         quantize_drafter_int8_(predictor)
         if reduced is not None:
             quantize_drafter_int8_(reduced)

@@ -26,6 +26,7 @@ from specdec.kernels import cpu as cpu_kernels
 from specdec.kernels.reference import FLOAT
 from specdec.models.context import AttentionContext
 from specdec.models.fast_path import attend_and_mlp, input_form
+from specdec.models.split_input import SplitInputLinear
 
 
 def applies(predictor: nn.Module, embeds: Tensor, k_cache: Tensor) -> bool:
@@ -49,7 +50,9 @@ def forward(predictor: nn.Module, embeds: Tensor, features: Tensor, positions: T
             for x, norm in ((embeds, predictor.input_layernorm), (residual, predictor.hidden_norm)))
         x = torch.cat([embed_norm, feature_norm], dim=-1)
     else:
-        residual = x = predictor.fc(torch.cat([embeds, features], dim=-1))  # QLinear quantizes its rows itself
+        fc = predictor.fc  # QLinear quantizes its rows itself; split by input, each part with its own scale
+        residual = x = (fc.forward_parts(embeds, features) if isinstance(fc, SplitInputLinear)
+                        else fc(torch.cat([embeds, features], dim=-1)))
     form = input_form(predictor.qkv_proj, bias_ok=True)
     act = [x] if form == FLOAT else cpu_kernels.quantize(x, form)
     down, scale = attend_and_mlp(predictor, predictor.mlp, predictor.post_attention_layernorm, act, form, residual,

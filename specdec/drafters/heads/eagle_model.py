@@ -75,7 +75,7 @@ class EaglePredictor(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.fc.weight.device
+        return self.post_attention_layernorm.weight.device  # a norm stays float whatever form the linears take
 
     def forward(self, embeds: Tensor, features: Tensor, positions: Tensor, attend: Attend) -> Tensor:
         """Predicted next features `[T, H]` for pairs (feature, token embedding) `[T, F]`, `[T, H]`.
