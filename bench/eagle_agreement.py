@@ -1,0 +1,91 @@
+"""Is EAGLE's low acceptance on the test prompts the head, or the engine? Teacher-forced agreement beside it.
+
+    OMP_NUM_THREADS=1 python bench/eagle_agreement.py --heads specdec/assets/eagle/smollm2-135m,runs/x/eagle
+
+For each test prompt (two per category) the int8 target answers greedily (64 tokens); then, offline, the fp32
+target's final-norm features of prompt + answer go through each head as in training (dense attention, float
+weights, the 4,096-token draft vocabulary), and at every answer position the head's argmax is compared with the
+token the target chose: the teacher-forced depth-1 agreement. The engine drafts only some positions (with
+`chain:k=1` a step that accepts emits a bonus token, whose position is never drafted), so the second table
+replays that walk over the same hits: what `chain:k=1` would accept if the engine matched the offline head. If
+the engine's acceptance (`bench/heldout_tau.py` with `chain:k=1`: tau - 1, about) is well below the replay,
+the engine loses something the head has (int8 weights, features, a bug); if not, the head is the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specdec import LLM, SamplingParams  # noqa: E402
+from specdec.data import CATEGORIES, bench_prompts  # noqa: E402
+from specdec.drafters.heads.eagle_checkpoint import load_eagle  # noqa: E402
+from specdec.drafters.heads.reduced_vocab import draft_vocab, head_rows  # noqa: E402
+from specdec.models.dense import dense_forward  # noqa: E402
+from specdec.models.loader import load_model  # noqa: E402
+from specdec.training.eagle import DenseAttention  # noqa: E402
+
+
+def chain1_walk(hits: list[bool]) -> list[bool]:
+    """The positions a `chain:k=1` run drafts: after an accepted draft the next position is the bonus token."""
+    walked, j = [], 0
+    while j < len(hits):
+        walked.append(hits[j])
+        j += 2 if hits[j] else 1
+    return walked
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--heads", default="specdec/assets/eagle/smollm2-135m", help="comma list of EAGLE folders")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--per-category", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--vocab", type=int, default=4096)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    heads = args.heads.split(",")
+    llm = LLM("smollm2-135m", quantize="int8", show_progress=False, num_threads=1)
+    target = load_model("smollm2-135m", "cpu", "float32", show_progress=False).model
+    ids = draft_vocab("smollm2-135m", args.vocab, target.config.vocab_size)
+    rows = head_rows(target, ids)
+    models = [load_eagle(Path(h), target.config, torch.device("cpu"), torch.float32)[0].eval() for h in heads]
+    every = {(c, i): [] for c in CATEGORIES for i in range(len(heads))}
+    walked = {(c, i): [] for c in CATEGORIES for i in range(len(heads))}
+    for category in CATEGORIES:
+        for record in bench_prompts([category], args.split)[: args.per_category]:
+            out = llm.generate([record["prompt"]], SamplingParams(max_new_tokens=args.new_tokens, temperature=0))[0]
+            prompt, answer = llm.encode(record["prompt"], chat=True), list(out.token_ids)
+            seq = torch.tensor([prompt + answer])
+            with torch.inference_mode():
+                features = dense_forward(target, seq)[0]
+                pairs = seq.shape[1] - 1
+                embeds = target.embed_tokens(seq[0, 1:]).float()
+                # the output at pair t = (f_t, x_{t+1}) guesses x_{t+2}; the drafted answer tokens are 1..A-1
+                at = torch.arange(len(prompt) - 1, len(prompt) + len(answer) - 2)
+                for i, model in enumerate(models):
+                    out_rows = model(embeds, features[:-1], torch.arange(pairs),
+                                     DenseAttention(1, pairs, model.config.layer))
+                    guess = ids[(out_rows @ rows.T).argmax(-1)]
+                    hits = (guess[at] == seq[0, at + 2]).tolist()
+                    every[(category, i)] += hits
+                    walked[(category, i)] += chain1_walk(hits)
+    names = " | ".join(f"`{h}`" for h in heads)
+    for title, table in (("every answer position", every), ("positions a chain:k=1 run drafts", walked)):
+        print(f"\nTeacher-forced depth-1 agreement, {title}\n\n| category | {names} |\n|---|" + "---|" * len(heads))
+        for category in (*CATEGORIES, "all"):
+            cells = []
+            for i in range(len(heads)):
+                hits = (sum((table[(c, i)] for c in CATEGORIES), []) if category == "all"
+                        else table[(category, i)])
+                cells.append(f"{sum(hits) / max(len(hits), 1):.3f}")
+            print(f"| {category} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
