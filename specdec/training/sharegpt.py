@@ -15,7 +15,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from specdec.errors import OfflineError, SpecdecError
 
@@ -51,52 +51,59 @@ def _skip_space(text: str, pos: int) -> int:
     return pos
 
 
-def first_human_turns(records: Iterator[object]) -> Iterator[tuple[str, str]]:
+def _opening_turns(record: object, count: int) -> list[tuple[object, str]]:
+    """The first `count` turns of a conversation record as `(speaker, stripped text)`, or [] if it has fewer
+    or any of them is malformed (not a dict, or its text not a string)."""
+    turns = record.get("conversations") if isinstance(record, dict) else None
+    if not isinstance(turns, list) or len(turns) < count:
+        return []
+    opening = []
+    for turn in turns[:count]:
+        text = turn.get("value") if isinstance(turn, dict) else None
+        if not isinstance(text, str):
+            return []
+        opening.append((turn.get("from"), text.strip()))
+    return opening
+
+
+def first_human_turns(records: Iterable[object]) -> Iterator[tuple[str, str]]:
     """`(conversation id, first message)` for each conversation that opens with a non-empty human turn."""
     for record in records:
-        if not isinstance(record, dict):
-            continue
-        turns = record.get("conversations")
-        if not isinstance(turns, list) or not turns or not isinstance(turns[0], dict):
-            continue
-        first = turns[0]
-        text = first.get("value")
-        if first.get("from") == "human" and isinstance(text, str) and text.strip():
-            yield str(record.get("id", "")), text.strip()
+        opening = _opening_turns(record, 1)
+        if opening and opening[0][0] == "human" and opening[0][1]:
+            yield str(record.get("id", "")), opening[0][1]
 
 
-def first_exchanges(records: Iterator[object]) -> Iterator[tuple[str, str, str]]:
+def first_exchanges(records: Iterable[object]) -> Iterator[tuple[str, str, str]]:
     """`(conversation id, first human message, first reply)` for each conversation that opens with a human turn
     answered by a non-empty reply. The replies are text for grounded prompts (`grounded.py`) to quote, summarise
     or translate; the target still writes every answer."""
     for record in records:
-        turns = record.get("conversations") if isinstance(record, dict) else None
-        if not isinstance(turns, list) or len(turns) < 2 or not all(isinstance(t, dict) for t in turns[:2]):
-            continue
-        (human, ask), (reply, text) = ((t.get("from"), t.get("value")) for t in turns[:2])
-        if (human == "human" and reply == "gpt" and isinstance(ask, str) and isinstance(text, str) and ask.strip()
-                and text.strip()):
-            yield str(record.get("id", "")), ask.strip(), text.strip()
+        opening = _opening_turns(record, 2)
+        if opening and [who for who, _ in opening] == ["human", "gpt"] and all(text for _, text in opening):
+            yield str(record.get("id", "")), opening[0][1], opening[1][1]
 
 
-def _records(path: Path) -> Iterator[object]:
+def read_records(path: Path) -> list[object]:
+    """Every whole record of a ShareGPT JSON file (or of the wheel holding it), truncation tolerated: parse it
+    once, then take first turns and exchanges from the list."""
     path = Path(path)
     if path.suffix == ".whl":
         with zipfile.ZipFile(path) as wheel:
             raw = wheel.read(MEMBER)
     else:
         raw = path.read_bytes()
-    return iter_array_records(raw.decode("utf-8", errors="replace"))
+    return list(iter_array_records(raw.decode("utf-8", errors="replace")))
 
 
 def read_sharegpt(path: Path) -> list[tuple[str, str]]:
     """First human turns of a ShareGPT JSON file (or of the wheel holding it), truncation tolerated."""
-    return list(first_human_turns(_records(path)))
+    return list(first_human_turns(read_records(path)))
 
 
 def read_exchanges(path: Path) -> list[tuple[str, str, str]]:
     """First exchanges (id, human turn, reply) of a ShareGPT JSON file or wheel, truncation tolerated."""
-    return list(first_exchanges(_records(path)))
+    return list(first_exchanges(read_records(path)))
 
 
 def fetch_wheel(downloads: Path) -> Path:
