@@ -16,9 +16,11 @@ from specdec.drafters.heads.eagle_checkpoint import expected_shapes, load_eagle,
 from specdec.drafters.heads.eagle_model import EagleConfig
 from specdec.drafters.prefix_features import PrefixFeatureStore
 from specdec.errors import ConfigError, ModelLoadError
+from specdec.kernels import cpu as cpu_kernels
 from specdec.kvcache import BlockTable
 from specdec.models.dummy import DUMMY_SHAPES, dummy_config
 from specdec.models.loader import LoadedModel
+from specdec.models.split_input import SplitInputLinear
 from specdec.engine.runner import Chunk, ModelRunner, Rows
 from specdec.sampling import make_generator
 from specdec.engine.sequence import Sequence
@@ -124,6 +126,23 @@ def test_wrong_version_is_a_config_error(tmp_path):
     ctx = DrafterContext(LoadedModel(model, None, "dummy:tiny-llama"), EngineConfig(), model.device, model.dtype, None)
     with pytest.raises(ConfigError, match="eagle3:"):
         build_eagle({"": str(tmp_path)}, ctx, "eagle")
+
+
+@pytest.mark.skipif(not cpu_kernels.available(), reason="the int8 drafter linears need the compiled kernels")
+@pytest.mark.parametrize("version,parts", [(1, 2), (3, 3)])
+def test_int8_build_gives_each_input_stream_of_fc_its_own_linear(tmp_path, version, parts):
+    """EAGLE-1/2's fc reads [embedding ; feature], EAGLE-3's three residual streams of very different scales:
+    with an int8 target each part becomes its own int8 linear (its own activation scale), the same map."""
+    from specdec.models.loader import build_model
+
+    published_checkpoint(tmp_path, "tiny-llama", version, "safetensors")
+    model = build_model(dummy_config("tiny-llama"), None, torch.float32, torch.device("cpu"))
+    ctx = DrafterContext(LoadedModel(model, None, "dummy:tiny-llama"), EngineConfig(), model.device, model.dtype,
+                         "int8")
+    fc = build_eagle({"": str(tmp_path)}, ctx, "eagle3" if version == 3 else "eagle").predictor.fc
+    assert isinstance(fc, SplitInputLinear) and len(fc.parts) == parts
+    assert not any(isinstance(part, torch.nn.Linear) for part in fc.parts)  # each an int8 linear
+    assert fc.widths == (model.config.hidden_size,) * parts
 
 
 # --------------------------------------------------------------------------------------------- drafting
