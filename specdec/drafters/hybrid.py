@@ -62,13 +62,15 @@ class HybridDrafter(DrafterBase):
     name = "hybrid"
     observes_verification = True
 
-    def __init__(self, parts: list[tuple[str, Drafter]]) -> None:
+    def __init__(self, parts: list[tuple[str, Drafter]], depths: list[int | None] | None = None) -> None:
+        """`depths[i]` caps how deep part i drafts (`hybrid:suffix+eagle:depth=2`); None: the tree's depth."""
         if len(parts) < 2:
             raise ConfigError("a hybrid drafter needs at least two parts, e.g. hybrid:suffix+recycle")
         featured = [d for _, d in parts if d.needs_features]
         if len(featured) > 1:
             raise ConfigError("a hybrid drafter can hold at most one drafter that reads the target's features")
         self.parts = parts
+        self.depths = list(depths) if depths is not None else [None] * len(parts)
         self.calibration = AcceptanceCalibration()
         self.needs_features = bool(featured)
         self._featured = featured[0] if featured else None
@@ -86,7 +88,8 @@ class HybridDrafter(DrafterBase):
     def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:
         if not seqs:
             return []
-        proposals = [scored_proposals(drafter, seqs, spec) for _, drafter in self.parts]
+        proposals = [scored_proposals(drafter, seqs, spec if cap is None else spec.limited(cap))
+                     for (_, drafter), cap in zip(self.parts, self.depths)]
         trees = []
         for i, seq in enumerate(seqs):
             merged = merge_trees([p[i] for p in proposals], self.calibration, spec.budget, spec.depth)
@@ -138,16 +141,33 @@ def _build(text: str, ctx: DrafterContext) -> HybridDrafter:
     specs = [s.strip() for s in text.split("+") if s.strip()]
     if len(specs) < 2:
         raise ConfigError("hybrid needs two or more drafters joined by '+', e.g. hybrid:suffix+recycle")
-    parts = []
+    parts, depths = [], []
     for spec in specs:
         if spec.split(":")[0].strip().lower() == "hybrid":
             raise ConfigError("a hybrid drafter cannot contain another hybrid")
+        spec, depth = _part_depth(spec)
         drafter = build_drafter(_with_part_defaults(spec), ctx)
         parts.append((drafter.name, drafter))
+        depths.append(depth)
     names = [n for n, _ in parts]
     if len(set(names)) != len(names):
         raise ConfigError(f"hybrid parts must be different drafters, got {'+'.join(names)}")
-    return HybridDrafter(parts)
+    return HybridDrafter(parts, depths)
+
+
+def _part_depth(spec: str) -> tuple[str, int | None]:
+    """A part's `depth=N` option, which the hybrid keeps (the part drafts no deeper than N), and the part's spec
+    without it. A model drafter pays a forward per depth while a lookup drafter's deep paths are free: in
+    `hybrid:suffix+eagle:depth=2` suffix may fill the tree's deeper levels and EAGLE drafts two."""
+    name, _, rest = spec.partition(":")
+    items = rest.split(",") if rest else []
+    kept = [item for item in items if item.partition("=")[0].strip() != "depth"]
+    values = [item.partition("=")[2].strip() for item in items if item.partition("=")[0].strip() == "depth"]
+    if not values:
+        return spec, None
+    if len(values) > 1 or not values[0].isdigit() or int(values[0]) < 1:
+        raise ConfigError(f"hybrid part '{spec}': depth must be one whole number >= 1")
+    return (f"{name}:{','.join(kept)}" if kept else name), int(values[0])
 
 
 def _with_part_defaults(spec: str) -> str:

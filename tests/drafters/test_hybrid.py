@@ -88,6 +88,28 @@ def test_bad_hybrid_specs_are_refused(model):
     assert isinstance(build_drafter("hybrid:suffix:min_prob=0.2+recycle:k=4", ctx), HybridDrafter)
 
 
+def test_a_part_with_a_depth_cap_drafts_no_deeper(model):
+    """`depth=N` on a part (kept by the hybrid, not passed to the part): its nodes stop at depth N, the other
+    part fills the deeper levels, and the output is still the target's."""
+    ctx = context(model)
+    hybrid = build_drafter("hybrid:suffix+recycle:seed=5,depth=2", ctx)
+    assert hybrid.depths == [None, 2] and dict(hybrid.parts)["recycle"].prefill_logit_rows == 5
+    for spec in ["hybrid:suffix+recycle:depth=0", "hybrid:suffix+recycle:depth=x", "hybrid:suffix:depth=1,depth=2+recycle"]:
+        with pytest.raises(ConfigError, match="depth"):
+            build_drafter(spec, ctx)
+    plain, _ = run(model, NoDrafter(), chain(0))
+    continuation = {i: s.output_ids for i, s in enumerate(plain)}
+    deep = ScriptedDrafter("deep", continuation, offset=0, score=0.5, vocab=VOCAB)
+    capped = ScriptedDrafter("capped", continuation, offset=1, score=0.9, vocab=VOCAB)
+    seqs, trees = run(model, HybridDrafter([("deep", deep), ("capped", capped)], [None, 1]),
+                      TreeSpec("dynamic", depth=4, topk=2, budget=6))
+    assert [s.output_ids for s in seqs] == [s.output_ids for s in plain]
+    assert any(int(t.depth.max()) > 1 for t in trees)
+    for t in trees:
+        assert not ((t.source & 2).bool() & (t.depth > 1)).any(), "the capped part drafted below its depth"
+    assert any(((t.source & 2).bool() & (t.depth == 1)).any() for t in trees)
+
+
 def test_recycle_inside_a_hybrid_takes_no_prompt_seeds_unless_asked(model):
     """`seed=0` is recycle's default inside a hybrid (PART_DEFAULTS); its own option still wins."""
     ctx = context(model)
