@@ -2,7 +2,8 @@
 
     python bench/heldout_tau.py --quantize int8 --per-category 2 --new-tokens 64
 
-Prompts come from `specdec/data/prompts` split `test`, which no trainer reads. Writes bench/results/heldout_tau.{json,md}.
+Prompts come from `specdec/data/prompts` split `test`, which no trainer reads (`--split dev` to choose settings
+on, never the test split). Writes bench/results/heldout_tau.{json,md}.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--split", default="test", choices=["test", "dev"],
+                        help="test (report) or dev (choose settings on it, never on test)")
     parser.add_argument("--kv-cache-dtype", default="auto", help="the target's K/V cache: auto, float32 or bfloat16")
     parser.add_argument("--out", type=Path, default=RESULTS / "heldout_tau.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     console = Console()
-    records = bench_prompts(split="test")
+    records = bench_prompts(split=args.split)
     prompts = [r["prompt"] for c in CATEGORIES for r in [r for r in records if r.get("category") == c][: args.per_category]]
     quantize = None if args.quantize == "none" else args.quantize
     loaded = LLM(args.target, quantize=quantize, show_progress=False, num_threads=args.threads).loaded
@@ -54,12 +57,12 @@ def main() -> None:
                                        args.kv_cache_dtype)})
             progress.advance(task)
     command = (f"python bench/heldout_tau.py --quantize {args.quantize} --per-category {args.per_category} "
-               f"--new-tokens {args.new_tokens} --kv-cache-dtype {args.kv_cache_dtype} --methods '{args.methods}'")
+               f"--new-tokens {args.new_tokens}{' --split dev' if args.split == 'dev' else ''} --kv-cache-dtype {args.kv_cache_dtype} --methods '{args.methods}'")
     result = {"target": args.target, "prompts": len(prompts), "quantize": args.quantize, "rows": rows,
               "command": command}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    lines = [f"Held-out tau ({len(prompts)} test prompts, {args.new_tokens} new tokens, greedy, {args.quantize}, "
+    lines = [f"Held-out tau ({len(prompts)} {args.split} prompts, {args.new_tokens} new tokens, greedy, {args.quantize}, "
              f"{args.kv_cache_dtype} K/V cache, full trees every step)", "", "| drafter | tree | tau |",
              "|---|---|---|"]
     lines += [f"| {r['drafter']} | `{r['tree']}` | {r['tau']:.3f} |" for r in rows]
