@@ -240,11 +240,9 @@ def build_eagle(args: dict[str, str], ctx: DrafterContext, kind: str) -> EagleDr
         reduced = reduced_from(target, draft_vocab(alias_of(ctx.target.source), vocab, target.config.vocab_size))
         reduced.to(ctx.device, ctx.dtype)
     if ctx.quantize == "int8":
-        # each input part of `fc` gets its own int8 scale (split_input.py): EAGLE-1/2's embedding beside the
-        # feature; EAGLE-3's three residual streams, whose row maxima differ tenfold (about 32, 80 and 370 for
-        # layers 2, 15 and 27 of the default model)
-        width = predictor.config.hidden_size
-        predictor.fc = SplitInputLinear.from_linear(predictor.fc, (width,) * (predictor.fc.in_features // width))
+        if version == 1:  # the embedding and the feature each get their own int8 scale (split_input.py)
+            width = predictor.config.hidden_size
+            predictor.fc = SplitInputLinear.from_linear(predictor.fc, (width, predictor.fc.in_features - width))
         quantize_drafter_int8_(predictor)
         if reduced is not None:
             quantize_drafter_int8_(reduced)

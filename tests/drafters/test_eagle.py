@@ -129,10 +129,11 @@ def test_wrong_version_is_a_config_error(tmp_path):
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="the int8 drafter linears need the compiled kernels")
-@pytest.mark.parametrize("version,parts", [(1, 2), (3, 3)])
+@pytest.mark.parametrize("version,parts", [(1, 2), (3, 1)])
 def test_int8_build_gives_each_input_stream_of_fc_its_own_linear(tmp_path, version, parts):
-    """EAGLE-1/2's fc reads [embedding ; feature], EAGLE-3's three residual streams of very different scales:
-    with an int8 target each part becomes its own int8 linear (its own activation scale), the same map."""
+    """EAGLE-1/2's fc reads [embedding ; feature] (entries a hundredth of the feature's): with an int8 target
+    each half becomes its own int8 linear (its own activation scale). EAGLE-3's fc stays one int8 linear (the
+    cut measured no better, split_input.py)."""
     from specdec.models.loader import build_model
 
     published_checkpoint(tmp_path, "tiny-llama", version, "safetensors")
@@ -140,9 +141,11 @@ def test_int8_build_gives_each_input_stream_of_fc_its_own_linear(tmp_path, versi
     ctx = DrafterContext(LoadedModel(model, None, "dummy:tiny-llama"), EngineConfig(), model.device, model.dtype,
                          "int8")
     fc = build_eagle({"": str(tmp_path)}, ctx, "eagle3" if version == 3 else "eagle").predictor.fc
-    assert isinstance(fc, SplitInputLinear) and len(fc.parts) == parts
-    assert not any(isinstance(part, torch.nn.Linear) for part in fc.parts)  # each an int8 linear
-    assert fc.widths == (model.config.hidden_size,) * parts
+    fc_parts = list(fc.parts) if isinstance(fc, SplitInputLinear) else [fc]
+    assert len(fc_parts) == parts
+    assert not any(isinstance(part, torch.nn.Linear) for part in fc_parts)  # each an int8 linear
+    if parts > 1:
+        assert fc.widths == (model.config.hidden_size,) * parts
 
 
 # --------------------------------------------------------------------------------------------- drafting
