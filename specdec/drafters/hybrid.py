@@ -23,7 +23,7 @@ from torch import Tensor
 from specdec.drafters.base import Drafter, DrafterBase, DrafterContext
 from specdec.drafters.calibration import AcceptanceCalibration
 from specdec.drafters.hybrid_merge import MergedTree, merge_trees, observe_verification
-from specdec.drafters.registry import build_drafter, register_raw
+from specdec.drafters.registry import build_drafter, int_arg, register_raw
 from specdec.drafters.scored import scored_proposals
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
@@ -159,15 +159,14 @@ def _part_depth(spec: str) -> tuple[str, int | None]:
     """A part's `depth=N` option, which the hybrid keeps (the part drafts no deeper than N), and the part's spec
     without it. A model drafter pays a forward per depth while a lookup drafter's deep paths are free: in
     `hybrid:suffix+eagle:depth=2` suffix may fill the tree's deeper levels and EAGLE drafts two."""
-    name, _, rest = spec.partition(":")
-    items = rest.split(",") if rest else []
-    kept = [item for item in items if item.partition("=")[0].strip() != "depth"]
-    values = [item.partition("=")[2].strip() for item in items if item.partition("=")[0].strip() == "depth"]
-    if not values:
+    name, args = parse_spec(spec, what="drafter")
+    if "depth" not in args:
         return spec, None
-    if len(values) > 1 or not values[0].isdigit() or int(values[0]) < 1:
-        raise ConfigError(f"hybrid part '{spec}': depth must be one whole number >= 1")
-    return (f"{name}:{','.join(kept)}" if kept else name), int(values[0])
+    items = spec.partition(":")[2].split(",")
+    kept = [item for item in items if item.partition("=")[0].strip() != "depth"]
+    if len(items) - len(kept) > 1:
+        raise ConfigError(f"hybrid part '{spec}': depth given twice")
+    return (f"{name}:{','.join(kept)}" if kept else name), int_arg(args, "depth", 0, minimum=1)
 
 
 def _with_part_defaults(spec: str) -> str:

@@ -110,7 +110,7 @@ def translation_prompt(reply: str, rng: random.Random) -> str | None:
 
 def grounded_prompts(exchanges: list[tuple[str, str, str]], count: int, seed: int = 0) -> list[PromptItem]:
     """Up to `count` grounded prompts, the three kinds in turn, from ShareGPT first exchanges
-    (`sharegpt.read_exchanges`); ids `grounded:<kind>:<conversation id>`."""
+    (`sharegpt.first_exchanges`); ids `grounded:<kind>:<conversation id>`."""
     rng = random.Random(seed)
     usable = [(cid, ask, reply) for cid, ask, reply in exchanges
               if is_prose(reply) and MIN_WORDS <= len(reply.split()) <= MAX_WORDS]

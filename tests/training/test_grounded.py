@@ -13,7 +13,7 @@ import pytest
 from specdec.errors import ConfigError
 from specdec.training.common import Corpus, mixed_corpus, obtain_corpus
 from specdec.training.grounded import KINDS, grounded_prompts, is_prose, translation_prompt
-from specdec.training.sharegpt import read_exchanges
+from specdec.training.sharegpt import first_exchanges, read_records
 
 PROSE = ("The river runs through the old town and past the market. Boats carry fruit and cloth to the harbour "
          "every morning, and the traders shout their prices across the water.\n\nIn winter the river freezes "
@@ -34,7 +34,7 @@ def test_first_exchanges_pair_the_first_question_with_its_reply_in_a_truncated_f
     text = json.dumps(records)
     path = tmp_path / "sharegpt.json"
     path.write_text(text[: text.index("cut here") + 3])
-    assert read_exchanges(path) == [("a", "Why?", "Because.")]
+    assert list(first_exchanges(read_records(path))) == [("a", "Why?", "Because.")]
 
 
 def test_grounded_prompts_take_turns_quote_their_reply_and_skip_code():
