@@ -49,6 +49,8 @@ def draft(
     teacher_bf16: bool = typer.Option(False, help="bf16 autocast for the target's dense pass (fast on CPUs "
                                                   "with AVX-512 bf16; ~98% top-1 agreement with fp32)."),
     train_bf16: bool = typer.Option(False, help="bf16 autocast for the draft's matmuls while training."),
+    vocab: int = typer.Option(0, help="Train through the head rows of the N most frequent target tokens (what "
+                                      "`draft:vocab=N` drafts with, the folder's default when N > 0); 0 = all."),
     threads: Optional[int] = typer.Option(None, help="torch CPU threads (default: torch's choice)."),
     resume: bool = typer.Option(False, help="Continue the run in --out from its last checkpoint."),
     eval_per_category: int = typer.Option(2, help="Held-out bench prompts per category for the final tau "
@@ -67,7 +69,7 @@ def draft(
             layers=layers,
             init_from=_layer_list(init_from), max_prompts=max_prompts, new_tokens=new_tokens, steps=steps,
             batch_size=batch_size, lr=lr, topk=topk, val_prompts=val_prompts, seed=seed,
-            teacher_bf16=teacher_bf16, train_bf16=train_bf16,
+            teacher_bf16=teacher_bf16, train_bf16=train_bf16, vocab=vocab,
         )
         _check(cfg)
         _run(cfg, out, resume, eval_per_category)
@@ -90,6 +92,8 @@ def _check(cfg) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
     if not cfg.lr > 0:
         raise ConfigError(f"--lr must be positive, got {cfg.lr}")
+    if getattr(cfg, "vocab", 0) < 0:
+        raise ConfigError(f"--vocab must be 0 (the full vocabulary) or a number of tokens, got {cfg.vocab}")
 
 
 def _run(cfg, out: Path, resume: bool, eval_per_category: int) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
 from specdec.config import EngineConfig
@@ -133,7 +134,12 @@ def _build_draft(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter
         return DraftModelDrafter(target, ctx.engine, k=k, num_layers=n)
     if is_draft_folder(model_ref):
         _no_quantize_option(quantize, "a draft folder")
-        return _drafter(_layers_only_draft(Path(model_ref).expanduser(), ctx), ctx, k, vocab)
+        folder = Path(model_ref).expanduser()
+        trained_ids = _trained_draft_ids(folder)
+        if not vocab_given:  # the vocabulary it was trained through (`specdec train draft --vocab N`)
+            vocab = 0 if trained_ids is None else int(trained_ids.shape[0])
+        ids = trained_ids if trained_ids is not None and vocab == trained_ids.shape[0] else None
+        return _drafter(_layers_only_draft(folder, ctx), ctx, k, vocab, ids)
     precision, lighter_vocab = default_draft_precision(ctx) if registered else (ctx.quantize, 0)
     precision = quantize or precision
     if not vocab_given and precision == "int4":
@@ -162,12 +168,29 @@ def _int8_twin(model_ref: str, ctx: DrafterContext, draft: LlamaModel) -> LlamaM
     return twin
 
 
-def _drafter(draft: LlamaModel, ctx: DrafterContext, k: int, vocab: int) -> DraftModelDrafter:
-    """The drafter, with its head cut to the `vocab` most frequent target tokens when asked (the draft then has
-    a head of its own, int8 with an int8 target; the target's head is never touched)."""
+def _trained_draft_ids(folder: Path) -> Tensor | None:
+    """The target ids a draft folder was trained to score (`specdec train draft --vocab N` records them, so that
+    the folder drafts over them even for a target that ships no token ranking), or None."""
+    import json
+
+    meta = folder / SHIPPED_META
+    if not meta.is_file():
+        return None
+    try:
+        ids = json.loads(meta.read_text()).get("draft_ids")
+    except (ValueError, AttributeError) as exc:
+        raise ConfigError(f"{meta} is not a readable drafter metadata file: {exc}") from None
+    return None if not ids else torch.tensor(ids, dtype=torch.int64)
+
+
+def _drafter(draft: LlamaModel, ctx: DrafterContext, k: int, vocab: int,
+             ids: Tensor | None = None) -> DraftModelDrafter:
+    """The drafter, with its head cut to the `vocab` most frequent target tokens when asked, or to `ids` (the
+    draft then has a head of its own, int8 with an int8 target; the target's head is never touched)."""
     if not vocab:
         return DraftModelDrafter(draft, ctx.engine, k=k)
-    ids = draft_vocab(alias_of(ctx.target.source), vocab, draft.config.vocab_size)
+    if ids is None:
+        ids = draft_vocab(alias_of(ctx.target.source), vocab, draft.config.vocab_size)
     reduced = reduced_from(draft, ids).to(ctx.device, draft.dtype)
     draft.lm_head = reduced
     if ctx.quantize == "int8":

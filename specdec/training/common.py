@@ -191,7 +191,9 @@ def teacher_topk(target: LlamaModel, corpus: Corpus, topk: int, path: Path, resu
         top = logp.topk(topk, dim=-1)
         counts = [len(corpus.response_ids[i]) for i in indices]
         teacher.ids.extend(t.to("cpu", torch.int32) for t in top.indices.split(counts))
-        teacher.logp.extend(t.to("cpu", torch.float32) for t in top.values.split(counts))
+        # copy=True: a view would carry the whole batch's storage into the file (`asdict` deep-copies each
+        # sequence's view with all of it), which made the teacher file several times the size of its numbers
+        teacher.logp.extend(t.to("cpu", torch.float32, copy=True) for t in top.values.split(counts))
         index += len(indices)
         teacher.seconds += time.perf_counter() - start
         progress("teacher", index, n, {})

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specdec.drafters.heads.medusa_heads import MedusaHeads
+from specdec.drafters.heads.reduced_vocab import OUTSIDE, target_to_draft
 from specdec.errors import ConfigError
 from specdec.training.common import (
     Corpus, Progress, TrainSettings, _no_progress, check_run_folder, corpus_sources, optimise, save_atomic,
@@ -41,7 +42,6 @@ FEATURES_FILE = "features.pt"
 CHECKPOINT_FILE = "medusa_checkpoint.pt"
 HEAD_DECAY = 0.8  # loss weight of head i is HEAD_DECAY ** i
 TOPK_EVAL = 10  # ranks kept in the per-head accuracy table
-OUTSIDE = -1  # a label outside the heads' reduced vocabulary
 
 
 @dataclass(frozen=True)
@@ -116,8 +116,7 @@ def head_features(target: Any, corpus: Corpus, bf16: bool = False, progress: Pro
 
 def in_draft_ids(feats: HeadFeatures, ids: Tensor, vocab_size: int) -> HeadFeatures:
     """The same features with labels as draft ids (position in ascending `ids`; OUTSIDE where not among them)."""
-    to_draft = torch.full((vocab_size,), OUTSIDE, dtype=torch.int64)
-    to_draft[ids] = torch.arange(ids.shape[0])
+    to_draft = target_to_draft(ids, vocab_size)
     return HeadFeatures(feats.hidden, [to_draft[labels] for labels in feats.labels], feats.seconds)
 
 

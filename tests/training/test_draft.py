@@ -4,6 +4,7 @@ layers-only draft folder loads on top of its target (or fails naming what is wro
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -207,3 +208,57 @@ def test_plain_draft_uses_the_shipped_distilled_draft_for_the_default_model(defa
     assert runner.model.embed_tokens is default_model.model.embed_tokens
     early = LLM.from_loaded(default_model, drafter="draft:layers=6", tree="chain:k=4")
     assert early.drafter.runner.num_layers == 6
+
+
+def test_coarse_kl_over_a_reduced_head_is_the_kl_of_the_coarsened_distributions():
+    """Top-k tokens outside the head join the rest bucket; with every token inside it is the full-head KL."""
+    from specdec.drafters.heads.reduced_vocab import target_to_draft
+    from specdec.training.draft import coarse_kl
+
+    gen = torch.Generator().manual_seed(0)
+    logits, teacher = torch.randn(5, 40, generator=gen), torch.randn(5, 40, generator=gen).log_softmax(-1)
+    logp, ids = teacher.topk(8)
+    assert torch.allclose(coarse_kl(logits, ids, logp, target_to_draft(torch.arange(40), 40)),
+                          coarse_kl(logits, ids, logp))
+    kept = torch.arange(0, 40, 3)
+    got = coarse_kl(logits[:, kept], ids, logp, target_to_draft(kept, 40))
+    for r in range(5):
+        q = logits[r, kept].softmax(-1).double()
+        inside = [(j, lp) for j, lp in zip(ids[r].tolist(), logp[r].double().tolist()) if j % 3 == 0]
+        p_in = sum(math.exp(lp) for _, lp in inside)
+        q_in = sum(float(q[j // 3]) for j, _ in inside)
+        want = sum(math.exp(lp) * (lp - math.log(q[j // 3])) for j, lp in inside)
+        want += (1 - p_in) * (math.log(1 - p_in) - math.log(1 - q_in))
+        assert abs(float(got[r]) - want) < 1e-4, (r, float(got[r]), want)
+
+
+def test_a_run_over_a_reduced_vocabulary_writes_a_draft_that_drafts_over_it(tmp_path):
+    from specdec.api import LLM
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"prompt number {i} " * 2}) + "\n" for i in range(10)))
+    loaded = load_model("dummy:tiny-llama", show_progress=False)
+    cfg = DistillConfig(target="dummy:tiny-llama", prompts=str(prompts), layers=1, max_prompts=10, new_tokens=6,
+                        steps=2, batch_size=4, val_prompts=2, vocab=24)
+    meta = run_distillation(cfg, tmp_path / "run", loaded=loaded, log=lambda _: None)
+    ids = meta["draft_ids"]
+    assert meta["draft_vocab"] == 24 and len(ids) == 24 and ids == sorted(set(ids)) and "--vocab 24" in meta["command"]
+    folder = tmp_path / "run" / "draft"
+    assert json.loads((folder / "specdec_draft.json").read_text())["draft_ids"] == ids
+    params = SamplingParams(max_new_tokens=8)
+    plain = LLM.from_loaded(loaded).generate(["hello"], params, chat=False)[0].token_ids
+    llm = LLM.from_loaded(loaded, drafter=f"draft:{folder}", tree="chain:k=3")
+    assert llm.drafter.ids.tolist() == ids  # the folder's own vocabulary, though no ranking ships for the target
+    assert llm.generate(["hello"], params, chat=False)[0].token_ids == plain
+    with pytest.raises(ConfigError, match="vocab"):
+        run_distillation(DistillConfig(**{**cfg.__dict__, "vocab": 10 ** 9}), tmp_path / "run3", loaded=loaded,
+                         log=lambda _: None)
+
+
+def test_the_teacher_keeps_each_sequence_in_storage_of_its_own(tiny_run):
+    """A view of the batch's top-k would drag the whole batch into the file once per sequence."""
+    _, corpus, teacher = tiny_run
+    assert len(teacher.logp) == len(corpus.response_ids)
+    for logp, ids in zip(teacher.logp, teacher.ids):
+        assert logp.untyped_storage().nbytes() == logp.numel() * logp.element_size()
+        assert ids.untyped_storage().nbytes() == ids.numel() * ids.element_size()

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from specdec.errors import ConfigError, ModelLoadError
 
 VOCAB_DIR = Path(__file__).resolve().parents[2] / "assets" / "vocab"
+OUTSIDE = -1  # the draft id of a target token outside a reduced vocabulary
 
 
 class ReducedHead(nn.Module):
@@ -68,6 +69,13 @@ def reduced_from(target: nn.Module, ids: Tensor) -> ReducedHead:
     ids = ids.to(torch.int64).sort().values
     device = target.embed_tokens.weight.device
     return ReducedHead(head_rows(target, ids), ids).to(device)
+
+
+def target_to_draft(ids: Tensor, vocab_size: int) -> Tensor:
+    """[vocab_size] int64: each target id's draft id (its position in ascending `ids`), OUTSIDE where it has none."""
+    to_draft = torch.full((vocab_size,), OUTSIDE, dtype=torch.int64)
+    to_draft[ids.to(torch.int64)] = torch.arange(ids.shape[0])
+    return to_draft
 
 
 # --------------------------------------------------------------------------------------------- rankings
