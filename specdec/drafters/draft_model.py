@@ -136,8 +136,8 @@ def _build_draft(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter
         _no_quantize_option(quantize, "a draft folder")
         folder = Path(model_ref).expanduser()
         trained_ids = _trained_draft_ids(folder)
-        if not vocab_given:  # the vocabulary it was trained through (`specdec train draft --vocab N`)
-            vocab = 0 if trained_ids is None else int(trained_ids.shape[0])
+        if not vocab_given:  # the vocabulary it was trained through (`specdec train draft --vocab N`) or records
+            vocab = recorded_draft_vocab(folder, SHIPPED_META) if trained_ids is None else int(trained_ids.shape[0])
         ids = trained_ids if trained_ids is not None and vocab == trained_ids.shape[0] else None
         return _drafter(_layers_only_draft(folder, ctx), ctx, k, vocab, ids)
     precision, lighter_vocab = default_draft_precision(ctx) if registered else (ctx.quantize, 0)

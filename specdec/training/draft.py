@@ -313,7 +313,10 @@ def render_readme(meta: dict[str, Any]) -> str:
         f"with `drafter=\"draft\"`. It reuses the target's embedding and tied LM head, so it loads only on top "
         f"of `{meta['target']}`. Its layers started as copies of target layers {meta['init_from']} and were "
         "trained on KL(target || draft) over the target's top-"
-        f"{cfg['topk']} next-token log-probs (plus one bucket for the rest) at every answer position.",
+        f"{cfg['topk']} next-token log-probs (plus one bucket for the rest) at every answer position."
+        + (f" It was trained through the target head's rows of the {meta['draft_vocab']} most frequent target "
+           f"tokens (`--vocab {meta['draft_vocab']}`; the ids are in `specdec_draft.json` `draft_ids`), and drafts "
+           f"over them by default (`draft:vocab=0` for the full head)." if meta.get("draft_vocab") else ""),
         "",
         f"Made with ({meta['threads']} CPU thread{'s' if meta['threads'] > 1 else ''}):",
         "",
@@ -323,8 +326,9 @@ def render_readme(meta: dict[str, Any]) -> str:
         "",
         f"- corpus: {c['prompts']} prompts from `{c['source']}` ({c['train_prompts']} trained on, "
         f"{c['held_out_prompts']} held out), {c['tokens']} tokens, of which {c['generated_tokens']} are the "
-        f"target's greedy answers ({cfg['new_tokens']} new tokens at most, chat template)",
-        f"- wall time ({meta['threads']} thread): generation {s['generate']:.0f} s, target distributions "
+        "target's greedy answers" + ("" if cfg.get("corpus") else
+                                     f" ({cfg['new_tokens']} new tokens at most, chat template)"),
+        f"- wall time ({meta['threads']} thread{'s' if meta['threads'] > 1 else ''}): generation {s['generate']:.0f} s, target distributions "
         f"{s['teacher']:.0f} s, training {s['train']:.0f} s; total {s['total']:.0f} s ({s['total'] / 60:.1f} min)"
         + (f"; the whole command, model loading included, {s['invocation']:.0f} s" if "invocation" in s else ""),
         f"- final training loss (mean over the last checkpoint interval) {f.get('loss', float('nan')):.3f} nats; "
