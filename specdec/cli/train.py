@@ -92,7 +92,7 @@ def _check(cfg) -> None:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
     if not cfg.lr > 0:
         raise ConfigError(f"--lr must be positive, got {cfg.lr}")
-    if getattr(cfg, "vocab", 0) < 0:
+    if cfg.vocab < 0:
         raise ConfigError(f"--vocab must be 0 (the full vocabulary) or a number of tokens, got {cfg.vocab}")
 
 

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterContext
 from specdec.drafters.heads.draft_folder import alias_of, is_draft_folder, load_draft_folder, shipped_draft_dir
-from specdec.drafters.heads.reduced_vocab import draft_vocab, recorded_draft_vocab, reduced_from
+from specdec.drafters.heads.reduced_vocab import draft_vocab, recorded_draft_ids, recorded_draft_vocab, reduced_from
 from specdec.drafters.model_drafter import Feed, ModelDrafter, sampling_options, spare_blocks
 from specdec.drafters.registry import int_arg, register, reject_unknown
 from specdec.engine.runner import Chunk, ModelRunner, Rows
@@ -135,9 +134,9 @@ def _build_draft(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter
     if is_draft_folder(model_ref):
         _no_quantize_option(quantize, "a draft folder")
         folder = Path(model_ref).expanduser()
-        trained_ids = _trained_draft_ids(folder)
-        if not vocab_given:  # the vocabulary it was trained through (`specdec train draft --vocab N`) or records
-            vocab = recorded_draft_vocab(folder, SHIPPED_META) if trained_ids is None else int(trained_ids.shape[0])
+        if not vocab_given:  # the vocabulary it records (`specdec train draft --vocab N` writes it)
+            vocab = recorded_draft_vocab(folder, SHIPPED_META)
+        trained_ids = recorded_draft_ids(folder, SHIPPED_META)
         ids = trained_ids if trained_ids is not None and vocab == trained_ids.shape[0] else None
         return _drafter(_layers_only_draft(folder, ctx), ctx, k, vocab, ids)
     precision, lighter_vocab = default_draft_precision(ctx) if registered else (ctx.quantize, 0)
@@ -166,21 +165,6 @@ def _int8_twin(model_ref: str, ctx: DrafterContext, draft: LlamaModel) -> LlamaM
     twin = load_quantized(folder, ModelConfig.from_file(folder / "config.json"), bits=8, layers_only=True)
     twin.embed_tokens, twin.norm, twin.lm_head = draft.embed_tokens, draft.norm, draft.lm_head
     return twin
-
-
-def _trained_draft_ids(folder: Path) -> Tensor | None:
-    """The target ids a draft folder was trained to score (`specdec train draft --vocab N` records them, so that
-    the folder drafts over them even for a target that ships no token ranking), or None."""
-    import json
-
-    meta = folder / SHIPPED_META
-    if not meta.is_file():
-        return None
-    try:
-        ids = json.loads(meta.read_text()).get("draft_ids")
-    except (ValueError, AttributeError) as exc:
-        raise ConfigError(f"{meta} is not a readable drafter metadata file: {exc}") from None
-    return None if not ids else torch.tensor(ids, dtype=torch.int64)
 
 
 def _drafter(draft: LlamaModel, ctx: DrafterContext, k: int, vocab: int,

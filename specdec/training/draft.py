@@ -34,7 +34,9 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from specdec.drafters.heads.reduced_vocab import OUTSIDE, reduced_from, target_to_draft, training_draft_ids
+from specdec.drafters.heads.reduced_vocab import (
+    OUTSIDE, check_vocab_option, reduced_from, target_to_draft, training_draft_ids,
+)
 from specdec.errors import ConfigError
 from specdec.models.dense import dense_forward
 from specdec.models.llama import LlamaModel
@@ -237,9 +239,7 @@ def run_distillation(cfg: DistillConfig, out: Path, resume: bool = False, loaded
     target = loaded.model
     if cfg.layers < 1 or cfg.layers >= target.config.num_layers:
         raise ConfigError(f"--layers must be between 1 and {target.config.num_layers - 1}, got {cfg.layers}")
-    if not 0 <= cfg.vocab <= target.config.vocab_size:
-        raise ConfigError(f"--vocab must be between 0 (the full vocabulary) and the target's "
-                          f"{target.config.vocab_size}, got {cfg.vocab}")
+    check_vocab_option(cfg.vocab, target.config.vocab_size)
     start_run_folder(out, cfg)
 
     teacher_path, ckpt_path = out / TEACHER_FILE, out / CHECKPOINT_FILE
@@ -282,7 +282,7 @@ def run_distillation(cfg: DistillConfig, out: Path, resume: bool = False, loaded
         "seconds": {"generate": generated, "teacher": round(teacher.seconds, 1), "train": round(state.seconds, 1),
                     "total": round(generated + teacher.seconds + state.seconds, 1)},
         "threads": torch.get_num_threads(),
-        # the ids the head was trained over, so the folder drafts over them (`draft_model._trained_draft_ids`)
+        # the ids the head was trained over, so the folder drafts over them (`reduced_vocab.recorded_draft_ids`)
         **({"draft_vocab": cfg.vocab, "draft_ids": head.ids.tolist()} if cfg.vocab else {}),
         "history": state.history,
         "final": final,

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specdec.drafters.heads.medusa_heads import MedusaHeads
-from specdec.drafters.heads.reduced_vocab import OUTSIDE, target_to_draft
+from specdec.drafters.heads.reduced_vocab import OUTSIDE, check_vocab_option, target_to_draft
 from specdec.errors import ConfigError
 from specdec.training.common import (
     Corpus, Progress, TrainSettings, _no_progress, check_run_folder, corpus_sources, optimise, save_atomic,
@@ -243,9 +243,7 @@ def run_medusa(cfg: MedusaConfig, out: Path, resume: bool = False, loaded: Any =
     if loaded is None:
         loaded = load_model(cfg.target, cfg.device, "float32", show_progress=True)
     target = loaded.model
-    if not 0 <= cfg.vocab <= target.config.vocab_size:
-        raise ConfigError(f"--vocab must be between 0 (the full vocabulary) and the target's "
-                          f"{target.config.vocab_size}, got {cfg.vocab}")
+    check_vocab_option(cfg.vocab, target.config.vocab_size)
     start_run_folder(out, cfg)
     corpus = obtain_corpus(cfg, loaded, out, resume, progress, cfg.val_prompts + cfg.batch_size)
     n = len(corpus.response_ids)

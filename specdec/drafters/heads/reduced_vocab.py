@@ -15,6 +15,7 @@ vocab` writes it from a corpus. A drafter takes the first N ids of it (spec opti
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -148,12 +149,31 @@ def recorded_draft_vocab(ref: Path, meta_name: str) -> int:
     """The draft vocabulary a drafter folder (or a file in it) records as its default in its metadata file
     `meta_name` (`draft_vocab`, as `specdec train ... --vocab N` writes it, or as chosen by measurement for a
     shipped folder); 0 (the full vocabulary) where there is none, as for published checkpoints."""
+    return _recorded(ref, meta_name, "draft_vocab", lambda n: int(n or 0), 0)
+
+
+def recorded_draft_ids(ref: Path, meta_name: str) -> Tensor | None:
+    """The target ids a drafter folder was trained to score (`draft_ids`, as `specdec train draft --vocab N`
+    writes them, so that the folder drafts over them even for a target that ships no ranking), or None."""
+    return _recorded(ref, meta_name, "draft_ids", lambda ids: torch.tensor(ids, dtype=torch.int64) if ids else None)
+
+
+def _recorded(ref: Path, meta_name: str, key: str, convert: Callable[[Any], Any], missing: Any = None) -> Any:
+    """`convert` of field `key` (None where absent) of a drafter folder's metadata file; `missing` where there
+    is no such file. A file or value that does not parse is one ConfigError naming the file."""
     import json
 
     meta = (ref if ref.is_dir() else ref.parent) / meta_name
     if not meta.is_file():
-        return 0
+        return missing
     try:
-        return int(json.loads(meta.read_text()).get("draft_vocab") or 0)
+        return convert(json.loads(meta.read_text()).get(key))
     except (ValueError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{meta} is not a readable drafter metadata file: {exc}") from None
+
+
+def check_vocab_option(vocab: int, vocab_size: int) -> None:
+    """A trainer's `--vocab N`: 0 (the full vocabulary) up to the target's vocabulary."""
+    if not 0 <= vocab <= vocab_size:
+        raise ConfigError(f"--vocab must be between 0 (the full vocabulary) and the target's {vocab_size}, "
+                          f"got {vocab}")
