@@ -136,7 +136,7 @@ def _build_draft(args: dict[str, str], ctx: DrafterContext) -> DraftModelDrafter
         folder = Path(model_ref).expanduser()
         if not vocab_given:  # the vocabulary it records (`specdec train draft --vocab N` writes it)
             vocab = recorded_draft_vocab(folder, SHIPPED_META)
-        trained_ids = recorded_draft_ids(folder, SHIPPED_META)
+        trained_ids = recorded_draft_ids(folder, SHIPPED_META, target.config.vocab_size)
         ids = trained_ids if trained_ids is not None and vocab == trained_ids.shape[0] else None
         return _drafter(_layers_only_draft(folder, ctx), ctx, k, vocab, ids)
     precision, lighter_vocab = default_draft_precision(ctx) if registered else (ctx.quantize, 0)

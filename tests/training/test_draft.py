@@ -253,6 +253,10 @@ def test_a_run_over_a_reduced_vocabulary_writes_a_draft_that_drafts_over_it(tmp_
     with pytest.raises(ConfigError, match="vocab"):
         run_distillation(DistillConfig(**{**cfg.__dict__, "vocab": 10 ** 9}), tmp_path / "run3", loaded=loaded,
                          log=lambda _: None)
+    meta_file = folder / "specdec_draft.json"
+    meta_file.write_text(json.dumps({**json.loads(meta_file.read_text()), "draft_ids": [10 ** 9] * 24}))
+    with pytest.raises(ConfigError, match=r"specdec_draft\.json is not a readable.*draft_ids must be target ids"):
+        LLM.from_loaded(loaded, drafter=f"draft:{folder}", tree="chain:k=3")
 
 
 def test_the_teacher_keeps_each_sequence_in_storage_of_its_own(tiny_run):

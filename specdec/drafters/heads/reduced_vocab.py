@@ -152,10 +152,18 @@ def recorded_draft_vocab(ref: Path, meta_name: str) -> int:
     return _recorded(ref, meta_name, "draft_vocab", lambda n: int(n or 0), 0)
 
 
-def recorded_draft_ids(ref: Path, meta_name: str) -> Tensor | None:
+def recorded_draft_ids(ref: Path, meta_name: str, vocab_size: int) -> Tensor | None:
     """The target ids a drafter folder was trained to score (`draft_ids`, as `specdec train draft --vocab N`
     writes them, so that the folder drafts over them even for a target that ships no ranking), or None."""
-    return _recorded(ref, meta_name, "draft_ids", lambda ids: torch.tensor(ids, dtype=torch.int64) if ids else None)
+    def ids_of(raw: Any) -> Tensor | None:
+        if not raw:
+            return None
+        ids = torch.tensor(raw, dtype=torch.int64)
+        if ids.dim() != 1 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+            raise ValueError(f"draft_ids must be target ids below {vocab_size}")
+        return ids
+
+    return _recorded(ref, meta_name, "draft_ids", ids_of)
 
 
 def _recorded(ref: Path, meta_name: str, key: str, convert: Callable[[Any], Any], missing: Any = None) -> Any:
