@@ -46,8 +46,9 @@ def _row_three_ways(attention, seed: int, group: int = 3, prefix: int = 13, page
     sequences, and (c) as node 5 of a 7-node tree whose path to it is root -> 2 -> 5. The kernel scores query
     heads in blocks of up to three (one KV head's queries, rows and heads alike): with `group` query heads per KV
     head other than three, the tree's row 5 falls in blocks of other sizes and offsets than the lone decode's.
-    With AVX-512, a prefix of 16 keys or more scores the tree's queries sixteen keys at a time (keys in lanes),
-    and the lone decode's a key at a time. With a bfloat16 cache (AMX tiles or AVX512-BF16 dot products), node
+    With AVX-512, a prefix of 16 keys or more scores the queries of a block of six or more (the tree's; a lone
+    decode's with six query heads or more per KV head) sixteen keys at a time (keys in lanes), up to four queries
+    together, and fewer queries a key at a time: a row's query falls in blocks of four at different offsets. With a bfloat16 cache (AMX tiles or AVX512-BF16 dot products), node
     5's list is not a prefix of the tree's node order, so it takes its own steps past the prefix, where the lone
     decode shares them."""
     gen = torch.Generator().manual_seed(seed)
@@ -95,7 +96,8 @@ def _row_three_ways(attention, seed: int, group: int = 3, prefix: int = 13, page
 
 @pytest.mark.parametrize("seed,group,prefix,page", [(0, 3, 13, 4), (1, 3, 13, 4), (2, 3, 13, 4), (3, 3, 13, 4),
                                                      (4, 1, 13, 4), (5, 2, 13, 4), (6, 4, 13, 4), (7, 5, 13, 4),
-                                                     (8, 3, 40, 16), (9, 2, 71, 16), (10, 4, 32, 16)])
+                                                     (8, 3, 40, 16), (9, 2, 71, 16), (10, 4, 32, 16),
+                                                     (11, 6, 40, 16), (12, 7, 33, 16)])
 def test_attention_row_is_bit_identical_alone_batched_and_in_a_tree(seed, group, prefix, page):
     alone, batched, tree = _row_three_ways(cpu.paged_attention, seed, group, prefix, page)
     assert torch.equal(alone, batched)
