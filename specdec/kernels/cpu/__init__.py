@@ -15,14 +15,15 @@ Arguments and meaning are those of the reference functions of the same names.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import os
 import sys
-import time
 import warnings
 from pathlib import Path
+from collections.abc import Iterator
 from typing import TypeVar
 
 import torch
@@ -64,6 +65,20 @@ def _build() -> None:
     logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from torch.utils import cpp_extension
 
+    name, build, flags = _build_folder()
+    build.mkdir(parents=True, exist_ok=True)
+    # The one slow start: on a terminal, say so rather than sit silent for a minute (not in pipes, whose
+    # readers parse stderr line by line).
+    if not (build / f"{name}.so").exists() and sys.stderr.isatty():
+        print("specdec: compiling the CPU kernels (once per install, about a minute)...", file=sys.stderr, flush=True)
+    with _builder_lock(build):
+        cpp_extension.load(name, [str(_HERE / s) for s in SOURCES], extra_cflags=flags,
+                           extra_include_paths=[str(_HERE)], build_directory=str(build), is_python_module=False,
+                           verbose=False)
+
+
+def _build_folder() -> tuple[str, Path, list[str]]:
+    """The library's name, its build folder and the compiler flags for this CPU and these sources."""
     capability = torch.backends.cpu.get_cpu_capability()  # "AVX2", "AVX512", "DEFAULT", ...
     flags = ["-O3", "-ffp-contract=off"]  # every FMA is explicit (vec.h): one rounding rule for every row
     if capability.startswith("AVX"):  # AVX512 machines run the AVX2 build: one tested code path on x86
@@ -76,25 +91,30 @@ def _build() -> None:
     name = f"specdec_cpu_{capability.lower()}_{digest.hexdigest()[:12]}"
     # $SPECDEC_CACHE as specdec.models.registry.cache_root reads it (kernels sit below models: no import).
     root = Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec").expanduser()
-    build = root / "kernels" / f"torch-{torch.__version__}" / name
-    build.mkdir(parents=True, exist_ok=True)
-    _clear_stale_lock(build / "lock")
-    # The one slow start: on a terminal, say so rather than sit silent for a minute (not in pipes, whose
-    # readers parse stderr line by line).
-    if not (build / f"{name}.so").exists() and sys.stderr.isatty():
-        print("specdec: compiling the CPU kernels (once per install, about a minute)...", file=sys.stderr, flush=True)
-    cpp_extension.load(name, [str(_HERE / s) for s in SOURCES], extra_cflags=flags, extra_include_paths=[str(_HERE)],
-                       build_directory=str(build), is_python_module=False, verbose=False)
+    return name, root / "kernels" / f"torch-{torch.__version__}" / name, flags
 
 
-def _clear_stale_lock(lock: Path, max_age_s: float = 600.0) -> None:
-    """torch's builder waits forever on a lock file that a killed build (Ctrl-C on the first run) left behind;
-    a build takes about a minute, so a lock older than ten minutes belongs to nobody."""
+@contextlib.contextmanager
+def _builder_lock(build: Path) -> Iterator[None]:
+    """One builder at a time per build folder, under a lock the OS drops when its holder dies.
+
+    torch's builder guards the folder with a lock *file* and waits, forever, while one exists: a build killed
+    part way (Ctrl-C on the first run) leaves it behind, and every later process hangs. Here every builder first
+    takes an flock on a file of ours, which a killed process cannot keep; holding it, no live builder can hold
+    torch's lock file, so one that exists is a dead builder's and goes. Where there is no flock (not POSIX),
+    torch's own lock serves alone."""
     try:
-        if time.time() - lock.stat().st_mtime > max_age_s:
-            lock.unlink()
-    except FileNotFoundError:
-        pass
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(build / "specdec-builder.lock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            (build / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(guard, fcntl.LOCK_UN)
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, prefix_lens: Tensor,
