@@ -118,9 +118,9 @@ inline void scores8(const float* const* q, const float* k_base, const int64_t* k
 // serves them all.
 //
 // Residue pairs (l, l + 8) outermost, queries innermost: each row of kt loaded serves Q queries. One query at
-// a time, every multiply-add waited on two loads (a key row and a broadcast query element) and ran at half the
-// multiply-add rate; four at a time reach it (3.66 against 1.87-2.12 G multiply-adds a second in a
-// stand-alone loop on a Zen 4 core).
+// a time, every multiply-add waited on two loads (a key row and a broadcast query element) and ran at 60% of the
+// core's multiply-add rate; four at a time reach it (on a Zen 4 core, 3.66 G 512-bit multiply-adds a second
+// against 2.1-2.2 G: bench/avx512_ceilings.c).
 template <int Q>
 inline void scores16(const float* const* q, const float* kt, int64_t d, float scale, float* const* out) {
   __m512 f[8][Q];
