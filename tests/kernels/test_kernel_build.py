@@ -31,3 +31,24 @@ def test_a_lock_file_left_by_a_killed_build_does_not_hang_the_next_process(tmp_p
         pytest.fail("a process hung on the lock file a killed build left behind")
     assert done.stdout.strip().endswith("True"), done.stderr[-2000:]
     assert not (copy / "lock").exists()
+
+
+def test_where_flock_is_refused_a_lock_file_is_left_alone(tmp_path, monkeypatch):
+    """Without a lock of ours (a file system that refuses flock), a lock file may be a live builder's: it stays,
+    and the build goes on under torch's own lock."""
+    import fcntl
+
+    def refuse(*args):
+        raise OSError("no locks here")
+
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    (tmp_path / "lock").write_text("")
+    with cpu._builder_lock(tmp_path):
+        assert (tmp_path / "lock").exists()
+    assert (tmp_path / "lock").exists()
+
+
+def test_holding_the_lock_clears_a_dead_builders_lock_file(tmp_path):
+    (tmp_path / "lock").write_text("")
+    with cpu._builder_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()

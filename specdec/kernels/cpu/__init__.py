@@ -101,15 +101,22 @@ def _builder_lock(build: Path) -> Iterator[None]:
     torch's builder guards the folder with a lock *file* and waits, forever, while one exists: a build killed
     part way (Ctrl-C on the first run) leaves it behind, and every later process hangs. Here every builder first
     takes an flock on a file of ours, which a killed process cannot keep; holding it, no live builder can hold
-    torch's lock file, so one that exists is a dead builder's and goes. Where there is no flock (not POSIX),
-    torch's own lock serves alone."""
+    torch's lock file, so one that exists is a dead builder's and goes. Where there is no flock (not POSIX, or a
+    file system that refuses it), torch's own lock serves alone."""
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not POSIX
         yield
         return
     with open(build / "specdec-builder.lock", "w") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            locked = True
+        except OSError:  # e.g. ENOLCK on some network file systems
+            locked = False
+        if not locked:  # no lock of ours, so a lock file may be a live builder's: leave it
+            yield
+            return
         try:
             (build / "lock").unlink(missing_ok=True)
             yield
