@@ -48,9 +48,9 @@ def _row_three_ways(attention, seed: int, group: int = 3, prefix: int = 13, page
     head other than three, the tree's row 5 falls in blocks of other sizes and offsets than the lone decode's.
     With AVX-512, a prefix of 16 keys or more scores the queries of a block of six or more (the tree's; a lone
     decode's with six query heads or more per KV head) sixteen keys at a time (keys in lanes), up to four queries
-    together, and fewer queries a key at a time: a row's query falls in blocks of four at different offsets. With a bfloat16 cache (AMX tiles or AVX512-BF16 dot products), node
-    5's list is not a prefix of the tree's node order, so it takes its own steps past the prefix, where the lone
-    decode shares them."""
+    together, and fewer queries a key at a time: a row's query falls in blocks of four at different offsets.
+    With a bfloat16 cache (AMX tiles or AVX512-BF16 dot products), node 5's list is not a prefix of the tree's
+    node order, so it takes its own steps past the prefix, where the lone decode shares them."""
     gen = torch.Generator().manual_seed(seed)
     kv_heads, d = 2, 64
     heads = kv_heads * group

@@ -22,8 +22,8 @@ import logging
 import os
 import sys
 import warnings
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -111,17 +111,11 @@ def _builder_lock(build: Path) -> Iterator[None]:
     with open(build / "specdec-builder.lock", "w") as guard:
         try:
             fcntl.flock(guard, fcntl.LOCK_EX)
-            locked = True
-        except OSError:  # e.g. ENOLCK on some network file systems
-            locked = False
-        if not locked:  # no lock of ours, so a lock file may be a live builder's: leave it
-            yield
-            return
-        try:
+        except OSError:  # e.g. ENOLCK on some network file systems: without a lock of ours, a lock file may
+            pass  # be a live builder's, so it stays
+        else:
             (build / "lock").unlink(missing_ok=True)
-            yield
-        finally:
-            fcntl.flock(guard, fcntl.LOCK_UN)
+        yield  # closing `guard` drops the flock
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, prefix_lens: Tensor,

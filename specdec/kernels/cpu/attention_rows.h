@@ -228,11 +228,12 @@ inline void accumulate_values(const float* const* p, const float* v_base, const 
     }
 }
 
-// Queries qi .. qi + count of a block (count <= kQueryBlock) through `fn<G>` with G = count.
-template <typename Fn>
+// Queries qi .. qi + count of a block (count <= Max, up to 4) through `fn<G>` with G = count.
+template <int Max = kQueryBlock, typename Fn>
 inline void by_block(int64_t count, Fn fn) {
-  if (kQueryBlock >= 3 && count == 3) return fn(std::integral_constant<int, 3>{});
-  if (kQueryBlock >= 2 && count == 2) return fn(std::integral_constant<int, 2>{});
+  if (Max >= 4 && count == 4) return fn(std::integral_constant<int, 4>{});
+  if (Max >= 3 && count == 3) return fn(std::integral_constant<int, 3>{});
+  if (Max >= 2 && count == 2) return fn(std::integral_constant<int, 2>{});
   fn(std::integral_constant<int, 1>{});
 }
 
@@ -319,11 +320,9 @@ inline void attend_rows(const float* qp, float* op, int64_t r0, int64_t r1, int6
             block_q[g] = query(qi + g);
             block_out[g] = s.scores.data() + (qi + g) * padded + jq;
           }
-          const float* kt = s.keys_t.data();
-          if (count == 4) scores16<4>(block_q, kt, d, scale, block_out);
-          else if (count == 3) scores16<3>(block_q, kt, d, scale, block_out);
-          else if (count == 2) scores16<2>(block_q, kt, d, scale, block_out);
-          else scores16<1>(block_q, kt, d, scale, block_out);
+          by_block<kKeysInLanesBlock>(count, [&](auto block) {
+            scores16<decltype(block)::value>(block_q, s.keys_t.data(), d, scale, block_out);
+          });
         }
       }
     }
