@@ -96,7 +96,7 @@ def attend_and_mlp(attn: nn.Module, mlp: nn.Module, post_norm: nn.Module, act: l
 TIMINGS: dict[str, Tensor] = {}
 
 
-def _linear_params(linear: nn.Module) -> tuple[int, list[Tensor | None]] | None:
+def linear_params(linear: nn.Module) -> tuple[int, list[Tensor | None]] | None:
     """(kind, [a, b, c, bias]) of a linear for decode_layers, or None if it has no such form (fbgemm)."""
     if isinstance(linear, QLinear):
         if linear.bits != 4:  # kind 8 or 7: the weight bits
@@ -129,7 +129,7 @@ def _one_call_plan(model: "LlamaModel", num_layers: int) -> object | None:
         for owner, name in ((attn, "qkv_proj"), (attn, "o_proj"), (mlp, "gate_up_proj"), (mlp, "down_proj")):
             linear = owner._modules[name]
             slots.append((owner._modules, name, linear))
-            entry = _linear_params(linear)
+            entry = linear_params(linear)
             if entry is None:
                 break
             kinds.append(entry[0])

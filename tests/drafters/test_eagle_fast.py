@@ -13,6 +13,7 @@ from specdec.drafters.heads import eagle_fast
 from specdec.drafters.model_drafter import Feed
 from specdec.kernels import cpu as cpu_kernels
 from specdec.models.quant import quantize_drafter_int8_
+from specdec.models.split_input import SplitInputLinear
 from tests.drafters.test_eagle import feature_layers, random_predictor
 from specdec.tree.spec import chain
 from tests.helpers import run_all, tiny_engine, tiny_model
@@ -22,9 +23,12 @@ pytestmark = pytest.mark.skipif(not cpu_kernels.available(), reason="compiled CP
 TREE = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 0, 1, 1]], dtype=torch.bool)  # root, 2 kids
 
 
-def _drafter_with_history(int8: bool, version: int):
+def _drafter_with_history(int8: bool, version: int, split: bool = False):
     target = tiny_model(seed=5, vocab=32, sharpness=3.0)
     predictor = random_predictor(target, version, seed=2)
+    if split:  # as build_eagle does for an int8 EAGLE-1 target: fc cut by input, each part its own scale
+        width = predictor.config.hidden_size
+        predictor.fc = SplitInputLinear.from_linear(predictor.fc, (width, predictor.fc.in_features - width))
     if int8:
         assert quantize_drafter_int8_(predictor) > 0
     drafter = EagleDrafter(predictor, target, EngineConfig(), feature_layers=feature_layers(version))
@@ -68,6 +72,37 @@ def test_kernel_path_equals_the_module_path(monkeypatch, int8, mask, version, wi
     for fast, ref in zip(fast_kv, ref_kv):
         torch.testing.assert_close(fast, ref, **tol)
     assert float((fast_hidden - ref_hidden).abs().max()) < 0.05 * float(ref_hidden.abs().max())
+
+
+@pytest.mark.parametrize("int8", [False, True], ids=["float", "int8"])
+@pytest.mark.parametrize("mask", [None, TREE], ids=["causal", "tree"])
+def test_one_call_layer_equals_the_kernel_calls(monkeypatch, int8, mask):
+    """`eagle_layer` (the whole EAGLE-1 layer in one C++ call) gives the bits of the same kernels called one by
+    one from Python, hidden rows and K/V alike; a predictor whose fc is not split by input takes the latter."""
+    drafter, seq = _drafter_with_history(int8, 1, split=True)
+    assert eagle_fast._one_call_weights(drafter.predictor) is not None
+    table = drafter.table(seq)
+    features = torch.randn(4, drafter.predictor.config.hidden_size, generator=torch.Generator().manual_seed(3))
+    depths = [0, 1, 1, 2] if mask is not None else [0, 1, 2, 3]
+    feed = Feed(table, [5, 7, 11, 13], [table.length + d for d in depths], features, mask)
+    one_call = _run(drafter, feed, True, monkeypatch)
+    monkeypatch.setattr(eagle_fast, "_one_call_weights", lambda predictor: None)
+    by_kernel = _run(drafter, feed, True, monkeypatch)
+    assert torch.equal(one_call[0], by_kernel[0])
+    for a, b in zip(one_call[1], by_kernel[1]):
+        assert torch.equal(a, b)
+    unsplit, _ = _drafter_with_history(int8, 1)
+    assert eagle_fast._one_call_weights(unsplit.predictor) is None
+
+
+def test_one_call_weights_follow_a_replaced_linear():
+    """The cached weights are rebuilt when a linear is replaced (quantizing after a first forward, say)."""
+    drafter, _ = _drafter_with_history(False, 1, split=True)
+    before = eagle_fast._one_call_weights(drafter.predictor)
+    assert eagle_fast._one_call_weights(drafter.predictor) is before
+    quantize_drafter_int8_(drafter.predictor)
+    after = eagle_fast._one_call_weights(drafter.predictor)
+    assert after is not None and after is not before
 
 
 def test_greedy_output_unchanged_and_cache_freed():

@@ -106,13 +106,13 @@ def test_fast_path_comparison_can_fail(monkeypatch):
     broken, _ = _forward(model, monkeypatch, True, capture_layers=(0,))
     assert not torch.allclose(broken.logits, plain.logits, atol=1e-3 * plain.logits.abs().max())
     monkeypatch.setattr(cpu, "rope_kv", real)
-    real_plan = fast_path._linear_params
+    real_plan = fast_path.linear_params
 
     def negated_bias(linear):  # every qkv, o, gate_up and down of the one-call plan gets a wrong bias
         kind, params = real_plan(linear)
         return kind, params[:3] + [torch.ones(linear.out_features)]
 
-    monkeypatch.setattr(fast_path, "_linear_params", negated_bias)
+    monkeypatch.setattr(fast_path, "linear_params", negated_bias)
     object.__setattr__(model, "_fast_path_plan", None)  # rebuild the plan with the wrong biases
     broken, _ = _forward(model, monkeypatch, True)
     assert not torch.allclose(broken.logits, plain.logits, atol=1e-3 * plain.logits.abs().max())

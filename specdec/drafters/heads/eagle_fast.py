@@ -15,9 +15,15 @@ tests/drafters/test_eagle_fast.py); a draft only proposes, so rounding can chang
 never which are emitted. EAGLE-3 differs only at the input: its attention reads the two normalised halves
 `[input_layernorm(embed) ; hidden_norm(feature)]`, and a feature already H wide (the predictor's own output, on
 later depths) skips `fc`.
+
+An EAGLE-1/2 predictor whose linears all have a kernel form (int8 QLinear or float, `fc` split by input) runs the
+whole layer as one kernel call (`eagle_layer`, forward.cpp), the same functions in the same order: a drafted
+level spent more in the Python and dispatch around eight kernel calls than in the kernels themselves.
 """
 
 from __future__ import annotations
+
+import operator
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +31,7 @@ from torch import Tensor, nn
 from specdec.kernels import cpu as cpu_kernels
 from specdec.kernels.reference import FLOAT
 from specdec.models.context import AttentionContext
-from specdec.models.fast_path import attend_and_mlp, input_form
+from specdec.models.fast_path import attend_and_mlp, input_form, linear_params
 from specdec.models.split_input import SplitInputLinear
 
 
@@ -40,6 +46,11 @@ def forward(predictor: nn.Module, embeds: Tensor, features: Tensor, positions: T
     """`EaglePredictor.forward` over the paged cache (`paged_attend`'s K/V writes included): `[T, H]`."""
     c = predictor.config.layer
     features = features.to(embeds.dtype)
+    weights = _one_call_weights(predictor)
+    if weights is not None:
+        return cpu_kernels.eagle_layer(embeds, features, positions, ctx, cache, predictor.rope, weights,
+                                       c.num_heads, c.num_kv_heads, predictor.post_attention_layernorm.eps,
+                                       predictor.scale)
     if predictor.config.version == 3:
         if features.shape[-1] != predictor.config.hidden_size:
             residual = predictor.fc(features)
@@ -58,3 +69,31 @@ def forward(predictor: nn.Module, embeds: Tensor, features: Tensor, positions: T
     down, scale = attend_and_mlp(predictor, predictor.mlp, predictor.post_attention_layernorm, act, form, residual,
                                  positions, ctx, cache, predictor.rope, c.num_heads, c.num_kv_heads)
     return residual + (down if scale is None else down * scale)
+
+
+def _one_call_weights(predictor: nn.Module) -> object | None:
+    """`eagle_layer`'s weights for an EAGLE-1/2 predictor (None where a linear has no kernel form, or for EAGLE-3),
+    cached on the predictor while its linears and norm stay the same objects (quantizing replaces them)."""
+    fc = predictor.fc
+    parts = fc.parts if isinstance(fc, SplitInputLinear) else ()
+    mlp = predictor.mlp
+    objects = (fc, *parts, predictor.qkv_proj, predictor.o_proj, mlp.gate_up_proj, mlp.down_proj,
+               predictor.post_attention_layernorm.weight)
+    cached = getattr(predictor, "_one_call_weights", None)
+    if cached is not None and len(cached[0]) == len(objects) and all(map(operator.is_, cached[0], objects)):
+        return cached[1]
+    weights = None
+    entries = [linear_params(m) for m in (predictor.qkv_proj, predictor.o_proj, mlp.gate_up_proj, mlp.down_proj,
+                                          *parts)]
+    if predictor.config.version != 3 and len(parts) == 2 and all(e is not None for e in entries):
+        kinds = [kind for kind, _ in entries] + [0, 0]  # the fc entry's last two linear slots stay empty
+        params: list[Tensor | None] = [None, predictor.post_attention_layernorm.weight]
+        for _, tensors in entries[:4]:
+            params += tensors
+        params += [None, None]
+        for _, tensors in entries[4:]:
+            params += tensors
+        params += [None] * 8
+        weights = cpu_kernels.layer_weights(params, kinds)
+    object.__setattr__(predictor, "_one_call_weights", (objects, weights))
+    return weights

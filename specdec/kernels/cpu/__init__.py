@@ -251,6 +251,15 @@ def decode_layers(x: Tensor, positions: Tensor, slot_mapping: Tensor, block_tabl
                                                kv_heads, eps, scale, timings)
 
 
+def eagle_layer(embeds: Tensor, features: Tensor, positions: Tensor, ctx: object, cache: tuple[Tensor, Tensor],
+                rope: object, weights: object, q_heads: int, kv_heads: int, eps: float, scale: float) -> Tensor:
+    """The EAGLE-1/2 predictor's layer in one call (forward.cpp): hidden `[T, H]` of the rows `embeds`,
+    `features`, their K/V written into `cache` at `ctx`'s slots. `weights` as eagle_fast builds it."""
+    return torch.ops.specdec_cpu.eagle_layer(embeds, features, positions, ctx.slot_mapping, ctx.block_tables,
+                                             ctx.prefix_lens, ctx.query_start_loc, ctx.tree_mask, rope.cos, rope.sin,
+                                             cache[0], cache[1], weights, q_heads, kv_heads, eps, scale)
+
+
 def layer_weights(params: list[Tensor | None], kinds: list[int]) -> object:
     """The decoder layers' weights held on the C++ side for decode_layers: per layer the two norm weights, then
     (a, b, c, bias) for qkv, o, gate_up and down, with `kinds` their formats (0 float weight; 8 and 4 QLinear)."""
