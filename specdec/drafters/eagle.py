@@ -178,14 +178,14 @@ class EagleDrafter(ModelDrafter):
         device = self.target.device
         packed = pack(self.cache, [Chunk(f.table, f.tokens, f.positions, f.mask) for f in feeds], device)
         embeds = self.target.embed_tokens(packed.tokens)
-        features = torch.cat([feed.inputs for feed in feeds]).to(embeds.dtype)
+        features = (feeds[0].inputs if len(feeds) == 1 else torch.cat([feed.inputs for feed in feeds])).to(embeds.dtype)
         layer_cache = self.cache.layers[0]
-        if eagle_fast.applies(self.predictor, embeds, layer_cache[0]):  # eight kernel calls, not ~40 torch ops
+        if eagle_fast.applies(self.predictor, embeds, layer_cache[0]):  # one kernel call, not ~40 torch ops
             hidden = eagle_fast.forward(self.predictor, embeds, features, packed.positions, packed.ctx, layer_cache)
         else:
             hidden = self.predictor(embeds, features, packed.positions,
                                     paged_attend(packed.ctx, layer_cache, self.predictor.scale))
-        return list(hidden.split([len(f.tokens) for f in feeds]))
+        return [hidden] if len(feeds) == 1 else list(hidden.split([len(f.tokens) for f in feeds]))
 
     def _logits(self, outputs: Tensor) -> tuple[Tensor, Tensor | None]:
         """Draft logits `[R, V']` and the draft-id -> target-id map (None when V' is the target vocabulary)."""

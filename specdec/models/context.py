@@ -40,11 +40,8 @@ class AttentionContext:
         `masks[b]` is a bool `[n_b, n_b]` visibility matrix among sequence b's new tokens, or None for
         causal. When every mask is None the whole batch is causal and no mask tensor is made.
         """
+        batch = len(block_tables)
         width = max((len(t) for t in block_tables), default=1) or 1
-        tables = torch.zeros(len(block_tables), width, dtype=torch.int32)
-        for row, table in enumerate(block_tables):
-            if table:
-                tables[row, : len(table)] = torch.tensor(table, dtype=torch.int32)
         starts = [0]
         for n in num_new:
             starts.append(starts[-1] + n)
@@ -57,12 +54,25 @@ class AttentionContext:
                 dense[starts[b] : starts[b + 1], :n] = m
             tree_mask = pack_tree_mask(dense).to(device)
         decode_only = tree_mask is None and all(n == 1 for n in num_new)
+        # Every int32 field from one host list as one tensor (one copy to a GPU), views of it: built as a tensor
+        # each (and a row copy per block table) it cost 80 us a step on a CPU whose caches the step's weights
+        # had just flushed, and a drafter's forward builds one too.
+        flat: list[int] = []
+        for table in block_tables:
+            flat += table
+            flat += [0] * (width - len(table))
+        flat += prefix_lens
+        flat += starts
+        if decode_only:
+            flat += [p + 1 for p in prefix_lens]
+        meta = torch.tensor(flat, dtype=torch.int32).to(device)
+        after_tables = batch * width
         return AttentionContext(
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
-            block_tables=tables.to(device),
-            prefix_lens=torch.tensor(prefix_lens, dtype=torch.int32, device=device),
-            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            block_tables=meta[:after_tables].view(batch, width),
+            prefix_lens=meta[after_tables: after_tables + batch],
+            query_start_loc=meta[after_tables + batch: after_tables + 2 * batch + 1],
             tree_mask=tree_mask,
             decode_only=decode_only,
-            seq_lens=torch.tensor([p + 1 for p in prefix_lens], dtype=torch.int32, device=device) if decode_only else None,
+            seq_lens=meta[after_tables + 2 * batch + 1:] if decode_only else None,
         )
