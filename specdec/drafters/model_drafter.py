@@ -26,6 +26,7 @@ those rows on (`specdec.tree.sampled`). Lossless either way; greedy requests alw
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,9 @@ from torch import Tensor
 
 from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterBase
+from specdec.drafters.hybrid_merge import ScoredTree
 from specdec.drafters.registry import float_arg
+from specdec.drafters.scored import flat_scored
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
 from specdec.kvcache import BlockTable, PagedKVCache
@@ -127,8 +130,18 @@ class ModelDrafter(DrafterBase):
             self.cache.free(table)
 
     # --------------------------------------------------------------------------------------- drafting
-    @torch.inference_mode()
     def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:
+        return self._propose(seqs, spec, scored=False)
+
+    def propose_scored(self, seqs: list[Sequence], spec: TreeSpec) -> list[ScoredTree]:
+        """The same trees for a hybrid, each node with its raw score: its draft probability given its parent in
+        a top-k tree, which the hybrid's calibration bins (without it every node of this drafter looked alike,
+        a top-1 guess at 0.8 beside a third one at 0.05); the flat score in chains and sampled trees, which
+        compute no probability per node."""
+        return self._propose(seqs, spec, scored=True)
+
+    @torch.inference_mode()
+    def _propose(self, seqs: list[Sequence], spec: TreeSpec, scored: bool) -> list:
         feeds = self._catch_up(seqs)
         root = torch.cat([out[-1:] for out in self._forward(feeds)])  # [B, X]: the output at each root
         tables = [feed.table for feed in feeds]
@@ -138,10 +151,10 @@ class ModelDrafter(DrafterBase):
         elif spec.kind is TreeKind.CHAIN:
             trees = self._chains(seqs, tables, root, spec.depth)
         else:
-            trees = self._split_trees(seqs, tables, root, spec)
+            trees = self._split_trees(seqs, tables, root, spec, scored)
         for table, length in zip(tables, committed):
             self.cache.truncate(table, length)
-        return trees
+        return [flat_scored(tree) if scored and isinstance(tree, TokenTree) else tree for tree in trees]
 
     def _pick(self, seqs: list[Sequence], outputs: Tensor) -> tuple[list[int], list[Tensor | None]]:
         """One token per sequence: the draft's argmax for greedy requests (one batched argmax), a sample from
@@ -196,23 +209,25 @@ class ModelDrafter(DrafterBase):
             trees.append(TokenTree.chain([seq.last_token] + drafted[i], rows))
         return trees
 
-    def _split_trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor,
-                     spec: TreeSpec) -> list[TokenTree]:
-        """Top-k trees for greedy requests; with `sampled_trees`, stochastic trees for sampled ones."""
+    def _split_trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor, spec: TreeSpec,
+                     scored: bool = False) -> list:
+        """Top-k trees for greedy requests (ScoredTrees where `scored`); with `sampled_trees`, stochastic trees
+        for sampled ones."""
         sampled = [i for i, seq in enumerate(seqs) if self.sampled_trees and not seq.params.greedy]
         if not sampled:
-            return self._trees(seqs, tables, root, spec)
+            return self._trees(seqs, tables, root, spec, scored)
         topk = [i for i in range(len(seqs)) if i not in set(sampled)]
-        trees: list[TokenTree | None] = [None] * len(seqs)
-        for group, grow in ((topk, self._trees), (sampled, self._sampled_trees)):
+        trees: list = [None] * len(seqs)
+        for group, grow in ((topk, functools.partial(self._trees, scored=scored)), (sampled, self._sampled_trees)):
             if group:
                 made = grow([seqs[i] for i in group], [tables[i] for i in group], root[torch.tensor(group)], spec)
                 for i, tree in zip(group, made):
                     trees[i] = tree
-        return trees  # type: ignore[return-value]
+        return trees
 
-    def _trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor, spec: TreeSpec) -> list[TokenTree]:
-        """Top-k trees (`tree.growth` picks the candidates), grown depth by depth."""
+    def _trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor, spec: TreeSpec,
+               scored: bool = False) -> list:
+        """Top-k trees (`tree.growth` picks the candidates), grown depth by depth; as ScoredTrees where `scored`."""
         growths = [TreeGrowth(seq.last_token, spec) for seq in seqs]
 
         def expand(logits: Tensor, ids: Tensor | None, members: list[tuple[int, int, int]]) -> None:
@@ -221,7 +236,11 @@ class ModelDrafter(DrafterBase):
             for i, start, n in members:
                 growths[i].expand(top.values[start: start + n], top_ids[start: start + n])
 
-        return self._grow(growths, tables, root, expand)
+        self._grow(growths, tables, root, expand)
+        if not scored:
+            return [g.tree() for g in growths]
+        return [ScoredTree(tree.token_list, tree.parent_list, probs)
+                for tree, probs in (g.scored_tree() for g in growths)]
 
     def _sampled_trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor,
                        spec: TreeSpec) -> list[TokenTree]:
@@ -234,9 +253,10 @@ class ModelDrafter(DrafterBase):
                 q = self._draft_q(logits[start: start + n], ids, seqs[i])
                 growths[i].expand(q, seqs[i].generator)
 
-        return self._grow(growths, tables, root, expand)
+        self._grow(growths, tables, root, expand)
+        return [g.tree() for g in growths]
 
-    def _grow(self, growths: list, tables: list[BlockTable], root: Tensor, expand) -> list[TokenTree]:
+    def _grow(self, growths: list, tables: list[BlockTable], root: Tensor, expand) -> None:
         """Grow every sequence's tree depth by depth: one batched draft forward per depth. `expand(logits, ids,
         members)` adds children under each member's frontier; members are (sequence, first row, rows)."""
         node_out = [root[i: i + 1] for i in range(len(growths))]  # per sequence: outputs of its nodes so far
@@ -264,7 +284,6 @@ class ModelDrafter(DrafterBase):
                 else:  # the frontier is the newest nodes: the feed's last rows
                     rows.append(out[-len(growths[i].frontier):])
             frontier = torch.cat(rows)
-        return [g.tree() for g in growths]
 
     def _tree_feed(self, growth: TreeGrowth | SampledGrowth, table: BlockTable, node_out: Tensor) -> Feed:
         """The drafted nodes so far as new rows after the committed ones (the root is the last committed row)."""

@@ -14,6 +14,7 @@ from specdec.drafters.base import Drafter
 from specdec.drafters.hybrid_merge import ScoredTree
 from specdec.engine.sequence import Sequence
 from specdec.tree.spec import TreeKind, TreeSpec
+from specdec.tree.token_tree import TokenTree
 
 FLAT_SCORE = 0.5  # raw score for drafters that offer no scores of their own
 
@@ -35,8 +36,10 @@ def scored_proposals(drafter: Drafter, seqs: list[Sequence], spec: TreeSpec) -> 
     own = spec if spec.kind in (TreeKind.CHAIN, TreeKind.DYNAMIC) else drafter.default_tree().limited(spec.depth)
     if isinstance(drafter, ScoredProposer):
         return drafter.propose_scored(seqs, own)
-    out = []
-    for tree in drafter.propose(seqs, own):
-        parents = tree.parent_list
-        out.append(ScoredTree(tree.token_list, parents, [0.0] + [FLAT_SCORE] * (len(parents) - 1)))
-    return out
+    return [flat_scored(tree) for tree in drafter.propose(seqs, own)]
+
+
+def flat_scored(tree: TokenTree) -> ScoredTree:
+    """`tree` with the flat raw score on every node: for a drafter that makes no claim per node."""
+    parents = tree.parent_list
+    return ScoredTree(tree.token_list, parents, [0.0] + [FLAT_SCORE] * (len(parents) - 1))

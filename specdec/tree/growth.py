@@ -21,6 +21,7 @@ verification lossless at any temperature. Adding a tree shape is one edit in thi
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -79,23 +80,37 @@ class TreeGrowth:
 
     def tree(self) -> TokenTree:
         """The final tree: the `budget` best nodes (ties: the older node), parents before children."""
+        return self.scored_tree()[0]
+
+    def scored_tree(self) -> tuple[TokenTree, list[float]]:
+        """The final tree and each node's probability given its parent (root 0.0): the drafter's own claim that
+        the node is accepted once its parent is, which a hybrid tree calibrates (`specdec.drafters.calibration`)."""
         if not self._dynamic:
-            return TokenTree.from_parents(self.tokens, self.parents)
-        order = sorted(range(1, len(self.tokens)), key=lambda i: (-self.scores[i], i))
-        return subtree(self.tokens, self.parents, [0] + sorted(order[: self.spec.budget]))
+            keep = list(range(len(self.tokens)))
+        else:
+            order = sorted(range(1, len(self.tokens)), key=lambda i: (-self.scores[i], i))
+            keep = [0] + sorted(order[: self.spec.budget])
+        probs = [0.0] + [math.exp(self.scores[i] - self.scores[self.parents[i]])
+                         for i in kept_nodes(self.parents, keep)[1:]]
+        return subtree(self.tokens, self.parents, keep), probs
 
     def partial(self) -> TokenTree:
         """The tree so far (every node, the frontier included): what one draft forward re-feeds."""
         return TokenTree.from_parents(self.tokens, self.parents)
 
 
-def subtree(tokens: list[int], parents: list[int], keep: list[int]) -> TokenTree:
-    """The nodes `keep` (sorted, root first) as a tree; a node whose parent is not kept is dropped too."""
+def kept_nodes(parents: list[int], keep: list[int]) -> list[int]:
+    """The nodes of `keep` (sorted, root first) whose every ancestor is kept too, in order."""
     kept: set[int] = set()
     for i in keep:
         if i == 0 or parents[i] in kept:
             kept.add(i)
-    order = sorted(kept)
+    return sorted(kept)
+
+
+def subtree(tokens: list[int], parents: list[int], keep: list[int]) -> TokenTree:
+    """The nodes `keep` (sorted, root first) as a tree; a node whose parent is not kept is dropped too."""
+    order = kept_nodes(parents, keep)
     index = {old: new for new, old in enumerate(order)}
     return TokenTree.from_parents([tokens[i] for i in order], [-1] + [index[parents[i]] for i in order[1:]])
 

@@ -14,6 +14,8 @@ from specdec.drafters.base import DrafterContext
 from specdec.drafters.eagle import DEFAULT_TREE, EagleDrafter, build_eagle
 from specdec.drafters.heads.eagle_checkpoint import expected_shapes, load_eagle, published_tensors
 from specdec.drafters.heads.eagle_model import EagleConfig
+from specdec.drafters.model_drafter import ModelDrafter
+from specdec.drafters.scored import FLAT_SCORE
 from specdec.drafters.prefix_features import PrefixFeatureStore
 from specdec.errors import ConfigError, ModelLoadError
 from specdec.kernels import cpu as cpu_kernels
@@ -25,6 +27,7 @@ from specdec.engine.runner import Chunk, ModelRunner, Rows
 from specdec.sampling import make_generator
 from specdec.engine.sequence import Sequence
 from specdec.tree.spec import TreeKind, chain, parse_tree_spec
+from specdec.tree.token_tree import TokenTree
 from specdec.training.eagle import init_predictor
 from tests.helpers import run_all, tiny_engine, tiny_model
 
@@ -173,6 +176,51 @@ def test_trees_are_valid_and_within_budget_and_greedy_matches_plain(version, spe
         assert tree.draft_probs is None  # greedy chains and top-k trees are one-hot proposals
     assert [s.output_ids for s in seqs] == [s.output_ids for s in plain_seqs]
     assert drafter.cache.num_free_blocks == drafter.cache.pool.num_blocks
+
+
+@pytest.mark.parametrize("spec", [DYNAMIC, chain(3)], ids=["dynamic", "chain"])
+def test_scored_proposals_carry_each_nodes_draft_probability(spec):
+    """What a hybrid ranks EAGLE's nodes by: in a top-k tree, each node's draft probability given its parent
+    (the root's children: the softmax of the root's draft logits); in a chain, which computes none, the flat
+    score. The trees are the ones `propose` makes, so greedy output still equals plain decode's."""
+    target = tiny_model(seed=3, vocab=32, sharpness=3.0)
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    plain = tiny_engine(target, EagleDrafter(random_predictor(target, 1), target, EngineConfig()), chain(0))
+    expected = plain.add_request([1, 2, 3, 4, 5, 6], params)
+    run_all(plain)
+    drafter = EagleDrafter(random_predictor(target, 1), target, EngineConfig())
+    scored, roots = [], []
+    real_logits = drafter._logits
+
+    def logits(outputs):
+        out = real_logits(outputs)
+        roots.append(out)
+        return out
+
+    def propose(seqs, spec):
+        roots.clear()
+        made = ModelDrafter.propose_scored(drafter, seqs, spec)
+        scored.append((made[0], roots[0] if roots else None))
+        return [TokenTree.from_parents(tree.tokens, tree.parents) for tree in made]
+
+    drafter._logits, drafter.propose = logits, propose
+    engine = tiny_engine(target, drafter, spec, adaptive_speculation=False)
+    seq = engine.add_request([1, 2, 3, 4, 5, 6], params)
+    run_all(engine)
+    assert seq.output_ids == expected.output_ids and scored
+    for tree, (root_logits, ids) in scored:
+        assert tree.scores[0] == 0.0 and len(tree.scores) == len(tree.tokens)
+        if spec.kind is TreeKind.CHAIN:
+            assert tree.scores[1:] == [FLAT_SCORE] * (len(tree.tokens) - 1)
+            continue
+        probs = torch.softmax(root_logits[0].float(), dim=-1)
+        draft_id = {int(t): i for i, t in enumerate(ids)} if ids is not None else None
+        for node, (token, parent) in enumerate(zip(tree.tokens, tree.parents)):
+            siblings = [tree.scores[i] for i, p in enumerate(tree.parents) if p == parent and i]
+            assert node == 0 or (0.0 < tree.scores[node] <= 1.0 and sum(siblings) <= 1.0 + 1e-5)
+            if parent == 0:
+                index = draft_id[token] if draft_id is not None else token
+                assert tree.scores[node] == pytest.approx(float(probs[index]), rel=1e-4)
 
 
 def test_sampled_chains_carry_their_draft_distribution():

@@ -133,6 +133,23 @@ def test_dynamic_growth_early_stop_is_exercised_by_random_cases():
     assert stopped > 0
 
 
+@pytest.mark.parametrize("spec", [dynamic(3, 2, 4), dynamic(4, 3, 6), static([(0,), (1,), (0, 0), (0, 1)])],
+                         ids=["dynamic-4", "dynamic-6", "static"])
+def test_scored_tree_gives_each_kept_node_its_own_candidate_probability(spec):
+    """The raw score a hybrid calibrates: a node's probability given its parent, exp of its own log-prob."""
+    growth = TreeGrowth(ROOT, spec)
+    while not growth.done:
+        rows = [candidates(growth.tokens[node], 3, 1) for node in growth.frontier]
+        growth.expand(torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows]))
+    tree, probs = growth.scored_tree()
+    assert tree.token_list == growth.tree().token_list and tree.parent_list == growth.tree().parent_list
+    assert len(probs) == len(tree) and probs[0] == 0.0
+    tokens = tree.token_list
+    for i, p in enumerate(tree.parent_list[1:], start=1):
+        logp, kids = candidates(tokens[p], 3, 1)
+        assert probs[i] == pytest.approx(math.exp(logp[kids.index(tokens[i])]))
+
+
 def test_partial_tree_holds_every_node_so_far_and_the_frontier_is_newest():
     growth = TreeGrowth(ROOT, dynamic(depth=3, topk=2, budget=10))
     logp, tokens = candidates(ROOT, 2, 0)
