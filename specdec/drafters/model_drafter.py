@@ -143,7 +143,8 @@ class ModelDrafter(DrafterBase):
     @torch.inference_mode()
     def _propose(self, seqs: list[Sequence], spec: TreeSpec, scored: bool) -> list:
         feeds = self._catch_up(seqs)
-        root = torch.cat([out[-1:] for out in self._forward(feeds)])  # [B, X]: the output at each root
+        outs = self._forward(feeds)
+        root = outs[0][-1:] if len(outs) == 1 else torch.cat([out[-1:] for out in outs])  # [B, X]: each root's output
         tables = [feed.table for feed in feeds]
         committed = [table.length for table in tables]
         if spec.depth == 0:

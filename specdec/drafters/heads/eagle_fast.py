@@ -74,20 +74,21 @@ def forward(predictor: nn.Module, embeds: Tensor, features: Tensor, positions: T
 def _one_call_weights(predictor: nn.Module) -> object | None:
     """`eagle_layer`'s weights for an EAGLE-1/2 predictor (None where a linear has no kernel form, or for EAGLE-3),
     cached on the predictor while its linears and norm stay the same objects (quantizing replaces them)."""
-    fc = predictor.fc
-    parts = fc.parts if isinstance(fc, SplitInputLinear) else ()
-    mlp = predictor.mlp
-    objects = (fc, *parts, predictor.qkv_proj, predictor.o_proj, mlp.gate_up_proj, mlp.down_proj,
-               predictor.post_attention_layernorm.weight)
-    cached = getattr(predictor, "_one_call_weights", None)
+    # The module dicts directly: nn.Module attribute access costs microseconds, and this runs every forward.
+    modules = predictor._modules
+    fc, mlp = modules["fc"], modules["mlp"]._modules
+    parts = tuple(fc._modules["parts"]) if isinstance(fc, SplitInputLinear) else ()
+    norm = modules["post_attention_layernorm"]._parameters["weight"]
+    linears = (modules["qkv_proj"], modules["o_proj"], mlp["gate_up_proj"], mlp["down_proj"], *parts)
+    objects = (fc, *linears, norm)
+    cached = predictor.__dict__.get("_one_call_weights")
     if cached is not None and len(cached[0]) == len(objects) and all(map(operator.is_, cached[0], objects)):
         return cached[1]
     weights = None
-    entries = [linear_params(m) for m in (predictor.qkv_proj, predictor.o_proj, mlp.gate_up_proj, mlp.down_proj,
-                                          *parts)]
+    entries = [linear_params(m) for m in linears]
     if predictor.config.version != 3 and len(parts) == 2 and all(e is not None for e in entries):
         kinds = [kind for kind, _ in entries] + [0, 0]  # the fc entry's last two linear slots stay empty
-        params: list[Tensor | None] = [None, predictor.post_attention_layernorm.weight]
+        params: list[Tensor | None] = [None, norm]
         for _, tensors in entries[:4]:
             params += tensors
         params += [None, None]
