@@ -5,8 +5,9 @@
 bench/profile_step.py splits the model's forward (linears, attention, ...) under the oracle drafter, whose
 proposals cost nothing; this is the other half: the host work a real drafter adds around the forward. Every
 `Engine` phase (`_propose`, `_forward`, `_verify`, `_commit`, `_observe`, ...), the runner's forward and KV
-commit, and the lookup drafters' propose / observe methods are wrapped by a wall-clock timer (about 0.1 us a
-call); each drafter generates greedily for the dev prompts (one per category, int8 target, one thread) after a
+commit, the lookup drafters' propose / observe methods, and a model drafter's level (its forward, EAGLE's
+one-call layer and packing, its head `_logits`, the tree growth in `_trees` / `_chains`) are wrapped by a
+wall-clock timer (about 0.1 us a call); each drafter generates greedily for the dev prompts (one per category, int8 target, one thread) after a
 short warm-up, and the table gives milliseconds per engine step (prefill steps included, so `_forward`
 carries each prompt's prefill spread over its steps). Timers nest: a drafter method's time is inside the
 engine phase that calls it.
@@ -27,14 +28,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdec import LLM, SamplingParams  # noqa: E402
 from specdec.data import CATEGORIES, bench_prompts  # noqa: E402
-from specdec.drafters import hybrid, recycle, suffix  # noqa: E402
+from specdec.drafters import draft_model, eagle, hybrid, model_drafter, recycle, suffix  # noqa: E402
+from specdec.drafters.heads import eagle_fast  # noqa: E402
 from specdec.engine import engine, runner  # noqa: E402
 
 PHASES = ("step", "_schedule", "_propose", "_forward", "_processed", "_check_finite", "_verify", "_finish_prefills",
           "_commit", "_observe", "_emit")
 DRAFTER_METHODS = ((hybrid.HybridDrafter, ("propose", "observe_verified", "commit")),
                    (recycle.RecycleDrafter, ("propose_scored", "observe_verified")),
-                   (suffix.SuffixDrafter, ("propose_scored",)))
+                   (suffix.SuffixDrafter, ("propose_scored",)),
+                   # a model drafter's level: its forward (the kernels in `eagle_layer` / `runner.run`), its head
+                   # (`_logits`), the tree growth around them (`_trees` holds the later levels' forwards)
+                   (model_drafter.ModelDrafter, ("_propose", "_trees", "_chains")),
+                   (eagle.EagleDrafter, ("_forward", "_logits", "commit")),
+                   (draft_model.DraftModelDrafter, ("_forward",)))
+MODULE_FUNCTIONS = ((eagle_fast, "forward", "eagle_fast.forward"), (eagle, "pack", "pack (EAGLE)"))
 
 
 def instrument(totals: dict[str, float], counts: collections.Counter) -> None:
@@ -60,6 +68,8 @@ def instrument(totals: dict[str, float], counts: collections.Counter) -> None:
     for cls, names in DRAFTER_METHODS:
         for name in names:
             wrap(cls, name, f"{cls.__name__}.{name}")
+    for module, name, label in MODULE_FUNCTIONS:  # module-level functions, looked up at call time
+        wrap(module, name, label)
 
 
 def main(argv: list[str] | None = None) -> int:
