@@ -1,4 +1,4 @@
-"""`hybrid:<a>+<b>[+...]`: one tree from several drafters, e.g. `hybrid:suffix+recycle`, `hybrid:ngram+draft`.
+"""`hybrid:<a>+<b>[+...][+min_prob=P]`: one tree from several drafters, e.g. `hybrid:suffix+recycle`.
 
 Retrieval drafters (suffix, ngram) are right rarely but then for many tokens; Token Recycling and model drafters
 are right often for a token or two. One tree can hold both kinds of guesses for the price of its node budget.
@@ -6,7 +6,9 @@ Every part proposes a scored tree (its own default shape, cut to the spec's dept
 trie where shared prefixes cost one node (`hybrid_merge.py`), and the `budget` nodes most likely to be
 accepted are kept. "Most likely" comes from an online calibration per proposer set, depth and raw-score bin
 (`calibration.py`): it starts from each drafter's own claim and moves to what the verifier accepts, so the
-budget drifts to whichever drafter is earning it on this workload.
+budget drifts to whichever drafter is earning it on this workload. A node whose estimated probability of
+being on the accepted path is below `min_prob` stays out even with budget left: where verified rows are dear,
+a node unlikely to add a token costs more than it is worth (DEAR_ROWS_MIN_PROB).
 
 Each node remembers who proposed it (`TokenTree.source`, a bitmask over the parts); the engine counts accepted
 tokens per proposer for metrics and `--show-acceptance`. The merged tree is deterministic given the parts'
@@ -23,7 +25,7 @@ from torch import Tensor
 from specdec.drafters.base import Drafter, DrafterBase, DrafterContext
 from specdec.drafters.calibration import AcceptanceCalibration
 from specdec.drafters.hybrid_merge import MergedTree, merge_trees, observe_verification
-from specdec.drafters.registry import build_drafter, int_arg, register_raw
+from specdec.drafters.registry import build_drafter, float_arg, int_arg, register_raw
 from specdec.drafters.scored import scored_proposals
 from specdec.engine.sequence import Sequence
 from specdec.errors import ConfigError
@@ -51,6 +53,13 @@ VNNI_ROWS_TREE = dynamic(depth=4, topk=3, budget=4)
 # spent drafting (1.24x and 1.28x of plain), and 0.99x against 1.05x of plain at 16 requests at once
 # (bench/results/recycle_seed_rows/hybrid/).
 PART_DEFAULTS = {"recycle": {"seed": "0"}}
+# Where a verified row is dear (AVX2, AVX-512 VNNI), a node whose estimated path probability is below this is left
+# out of the tree: a 4-node tree's rows cost about 5% of a step each here and a step yields about two tokens, so a
+# node expected to add less than a tenth of a token does not pay for its row. Chosen on the dev split on a Zen 4
+# EPYC (one run of each grid, the lookup hybrid and the EAGLE hybrid on the 4-node tree): 0.1 and 0.15 gave
+# 1.04x the speed of 0 for both, 0.2 and 0.3 0.94-0.98x, as the calibration stops seeing (and so learning about)
+# the nodes it leaves out (bench/results/hybrid_min_prob/). Where rows are nearly free (AMX), none is left out.
+DEAR_ROWS_MIN_PROB = 0.1
 
 
 @dataclass
@@ -62,8 +71,11 @@ class HybridDrafter(DrafterBase):
     name = "hybrid"
     observes_verification = True
 
-    def __init__(self, parts: list[tuple[str, Drafter]], depths: list[int | None] | None = None) -> None:
-        """`depths[i]` caps how deep part i drafts (`hybrid:suffix+eagle:depth=2`); None: the tree's depth."""
+    def __init__(self, parts: list[tuple[str, Drafter]], depths: list[int | None] | None = None,
+                 min_prob: float | None = None) -> None:
+        """`depths[i]` caps how deep part i drafts (`hybrid:suffix+eagle:depth=2`); None: the tree's depth.
+        `min_prob` (`hybrid:suffix+recycle+min_prob=0.1`): nodes whose estimated probability of being on the
+        accepted path is lower stay out of the tree; None: the default for the price of a verified row here."""
         if len(parts) < 2:
             raise ConfigError("a hybrid drafter needs at least two parts, e.g. hybrid:suffix+recycle")
         featured = [d for _, d in parts if d.needs_features]
@@ -71,6 +83,9 @@ class HybridDrafter(DrafterBase):
             raise ConfigError("a hybrid drafter can hold at most one drafter that reads the target's features")
         self.parts = parts
         self.depths = list(depths) if depths is not None else [None] * len(parts)
+        if min_prob is None:
+            min_prob = cpu_kernels.by_row_price(DEAR_ROWS_MIN_PROB, DEAR_ROWS_MIN_PROB, 0.0)
+        self.min_prob = min_prob
         self.calibration = AcceptanceCalibration()
         self.needs_features = bool(featured)
         self._featured = featured[0] if featured else None
@@ -92,7 +107,7 @@ class HybridDrafter(DrafterBase):
                      for (_, drafter), cap in zip(self.parts, self.depths)]
         trees = []
         for i, seq in enumerate(seqs):
-            merged = merge_trees([p[i] for p in proposals], self.calibration, spec.budget, spec.depth)
+            merged = merge_trees([p[i] for p in proposals], self.calibration, spec.budget, spec.depth, self.min_prob)
             self.slot(seq, _State).merged = merged
             trees.append(TokenTree.from_parents(merged.tokens, merged.parents,
                                                 source=torch.tensor(merged.sources, dtype=torch.int64)))
@@ -138,7 +153,20 @@ class HybridDrafter(DrafterBase):
 
 @register_raw("hybrid")
 def _build(text: str, ctx: DrafterContext) -> HybridDrafter:
-    specs = [s.strip() for s in text.split("+") if s.strip()]
+    segments = [s.strip() for s in text.split("+") if s.strip()]
+    # a segment whose name holds "=" is an option of the hybrid itself (`hybrid:suffix+recycle+min_prob=0.1`)
+    specs = [s for s in segments if "=" not in s.split(":")[0]]
+    options: dict[str, str] = {}
+    for segment in segments:
+        if "=" in segment.split(":")[0]:
+            key, _, value = segment.partition("=")
+            if key.strip() in options:
+                raise ConfigError(f"hybrid option {key.strip()} given twice")
+            options[key.strip()] = value.strip()
+    min_prob = float_arg(options, "min_prob", 0.0, 0.0, 1.0) if "min_prob" in options else None
+    if options:
+        raise ConfigError(f"unknown hybrid option(s) {', '.join(sorted(options))}; the hybrid takes min_prob=P "
+                          "(each part takes its own options after its name, e.g. hybrid:suffix+eagle:depth=1)")
     if len(specs) < 2:
         raise ConfigError("hybrid needs two or more drafters joined by '+', e.g. hybrid:suffix+recycle")
     parts, depths = [], []
@@ -152,7 +180,7 @@ def _build(text: str, ctx: DrafterContext) -> HybridDrafter:
     names = [n for n, _ in parts]
     if len(set(names)) != len(names):
         raise ConfigError(f"hybrid parts must be different drafters, got {'+'.join(names)}")
-    return HybridDrafter(parts, depths)
+    return HybridDrafter(parts, depths, min_prob)
 
 
 def _part_depth(spec: str) -> tuple[str, int | None]:

@@ -10,6 +10,7 @@ import torch
 
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import DrafterContext
+from specdec.drafters import hybrid as hybrid_module
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.none import NoDrafter
 from specdec.drafters.registry import build_drafter
@@ -86,6 +87,40 @@ def test_bad_hybrid_specs_are_refused(model):
         with pytest.raises(ConfigError):
             build_drafter(spec, ctx)
     assert isinstance(build_drafter("hybrid:suffix:min_prob=0.2+recycle:k=4", ctx), HybridDrafter)
+
+
+def test_the_hybrids_own_min_prob_option(model, monkeypatch):
+    """`+min_prob=P` is the hybrid's (a segment whose name holds "="), checked like any option; without it the
+    default follows the price of a verified row."""
+    ctx = context(model)
+    assert build_drafter("hybrid:suffix+recycle+min_prob=0.3", ctx).min_prob == 0.3
+    assert build_drafter("hybrid:suffix:min_prob=0.2+recycle", ctx).min_prob == hybrid_module.cpu_kernels.by_row_price(
+        hybrid_module.DEAR_ROWS_MIN_PROB, hybrid_module.DEAR_ROWS_MIN_PROB, 0.0)  # suffix's own option, not the hybrid's
+    monkeypatch.setattr(hybrid_module.cpu_kernels, "by_row_price", lambda costly, blocked, flat, device=None: flat)
+    assert build_drafter("hybrid:suffix+recycle", ctx).min_prob == 0.0  # rows nearly free: nothing left out
+    for spec, match in [("hybrid:suffix+recycle+min_prob=2", "min_prob"), ("hybrid:suffix+recycle+min_prob=x", "min_prob"),
+                        ("hybrid:suffix+recycle+min_prob=0.1+min_prob=0.2", "twice"),
+                        ("hybrid:suffix+recycle+budget=3", "unknown hybrid option")]:
+        with pytest.raises(ConfigError, match=match):
+            build_drafter(spec, ctx)
+
+
+def test_nodes_below_min_prob_stay_out_of_the_tree(model):
+    """A part whose nodes are estimated below `min_prob` adds none (the budget has room for them), and the
+    output is still the target's; with `min_prob` 0 the same part's nodes are verified."""
+    plain, _ = run(model, NoDrafter(), chain(0))
+    continuation = {i: s.output_ids for i, s in enumerate(plain)}
+
+    def parts():
+        return [("sure", ScriptedDrafter("sure", continuation, offset=0, score=0.9, vocab=VOCAB)),
+                ("doubtful", ScriptedDrafter("doubtful", continuation, offset=1, score=0.05, vocab=VOCAB))]
+
+    tree = TreeSpec("dynamic", depth=2, topk=2, budget=4)
+    seqs, trees = run(model, HybridDrafter(parts(), min_prob=0.2), tree)
+    assert [s.output_ids for s in seqs] == [s.output_ids for s in plain]
+    assert trees and not any((t.source[1:] & 2).any() for t in trees if len(t) > 1)
+    _, trees = run(model, HybridDrafter(parts(), min_prob=0.0), tree)
+    assert any((t.source[1:] & 2).any() for t in trees if len(t) > 1)
 
 
 def test_a_part_with_a_depth_cap_drafts_no_deeper(model):
