@@ -6,9 +6,9 @@ Every part proposes a scored tree (its own default shape, cut to the spec's dept
 trie where shared prefixes cost one node (`hybrid_merge.py`), and the `budget` nodes most likely to be
 accepted are kept. "Most likely" comes from an online calibration per proposer set, depth and raw-score bin
 (`calibration.py`): it starts from each drafter's own claim and moves to what the verifier accepts, so the
-budget drifts to whichever drafter is earning it on this workload. A node whose estimated probability of
-being on the accepted path is below `min_prob` stays out even with budget left: where verified rows are dear,
-a node unlikely to add a token costs more than it is worth (DEAR_ROWS_MIN_PROB).
+budget drifts to whichever drafter is earning it on this workload. With `+min_prob=P`, a node whose estimated
+probability of being on the accepted path is below P stays out even with budget left (its row may cost more
+than the token it is unlikely to add).
 
 Each node remembers who proposed it (`TokenTree.source`, a bitmask over the parts); the engine counts accepted
 tokens per proposer for metrics and `--show-acceptance`. The merged tree is deterministic given the parts'
@@ -53,13 +53,6 @@ VNNI_ROWS_TREE = dynamic(depth=4, topk=3, budget=4)
 # spent drafting (1.24x and 1.28x of plain), and 0.99x against 1.05x of plain at 16 requests at once
 # (bench/results/recycle_seed_rows/hybrid/).
 PART_DEFAULTS = {"recycle": {"seed": "0"}}
-# Where a verified row is dear (AVX2, AVX-512 VNNI), a node whose estimated path probability is below this is left
-# out of the tree: a 4-node tree's rows cost about 5% of a step each here and a step yields about two tokens, so a
-# node expected to add less than a tenth of a token does not pay for its row. Chosen on the dev split on a Zen 4
-# EPYC (one run of each grid, the lookup hybrid and the EAGLE hybrid on the 4-node tree): 0.1 and 0.15 gave
-# 1.04x the speed of 0 for both, 0.2 and 0.3 0.94-0.98x, as the calibration stops seeing (and so learning about)
-# the nodes it leaves out (bench/results/hybrid_min_prob/). Where rows are nearly free (AMX), none is left out.
-DEAR_ROWS_MIN_PROB = 0.1
 
 
 @dataclass
@@ -72,10 +65,14 @@ class HybridDrafter(DrafterBase):
     observes_verification = True
 
     def __init__(self, parts: list[tuple[str, Drafter]], depths: list[int | None] | None = None,
-                 min_prob: float | None = None) -> None:
+                 min_prob: float = 0.0) -> None:
         """`depths[i]` caps how deep part i drafts (`hybrid:suffix+eagle:depth=2`); None: the tree's depth.
         `min_prob` (`hybrid:suffix+recycle+min_prob=0.1`): nodes whose estimated probability of being on the
-        accepted path is lower stay out of the tree; None: the default for the price of a verified row here."""
+        accepted path is lower stay out of the tree even with budget left.
+
+        Off by default: at 0.1 on a Zen 4 EPYC, where a 4-node tree's rows cost about 5% of a step each, steps
+        got 7% cheaper and accepted 5-7% fewer tokens, the calibration no longer seeing the nodes it leaves out;
+        speed within 0.03 of 0 either way, in three dev and two test runs (bench/results/hybrid_min_prob/)."""
         if len(parts) < 2:
             raise ConfigError("a hybrid drafter needs at least two parts, e.g. hybrid:suffix+recycle")
         featured = [d for _, d in parts if d.needs_features]
@@ -83,8 +80,6 @@ class HybridDrafter(DrafterBase):
             raise ConfigError("a hybrid drafter can hold at most one drafter that reads the target's features")
         self.parts = parts
         self.depths = list(depths) if depths is not None else [None] * len(parts)
-        if min_prob is None:
-            min_prob = cpu_kernels.by_row_price(DEAR_ROWS_MIN_PROB, DEAR_ROWS_MIN_PROB, 0.0)
         self.min_prob = min_prob
         self.calibration = AcceptanceCalibration()
         self.needs_features = bool(featured)
@@ -163,7 +158,7 @@ def _build(text: str, ctx: DrafterContext) -> HybridDrafter:
             if key.strip() in options:
                 raise ConfigError(f"hybrid option {key.strip()} given twice")
             options[key.strip()] = value.strip()
-    min_prob = float_arg(options, "min_prob", 0.0, 0.0, 1.0) if "min_prob" in options else None
+    min_prob = float_arg(options, "min_prob", 0.0, 0.0, 1.0)
     if options:
         raise ConfigError(f"unknown hybrid option(s) {', '.join(sorted(options))}; the hybrid takes min_prob=P "
                           "(each part takes its own options after its name, e.g. hybrid:suffix+eagle:depth=1)")

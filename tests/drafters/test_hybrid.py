@@ -10,7 +10,6 @@ import torch
 
 from specdec.config import EngineConfig, SamplingParams
 from specdec.drafters.base import DrafterContext
-from specdec.drafters import hybrid as hybrid_module
 from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.none import NoDrafter
 from specdec.drafters.registry import build_drafter
@@ -89,15 +88,12 @@ def test_bad_hybrid_specs_are_refused(model):
     assert isinstance(build_drafter("hybrid:suffix:min_prob=0.2+recycle:k=4", ctx), HybridDrafter)
 
 
-def test_the_hybrids_own_min_prob_option(model, monkeypatch):
-    """`+min_prob=P` is the hybrid's (a segment whose name holds "="), checked like any option; without it the
-    default follows the price of a verified row."""
+def test_the_hybrids_own_min_prob_option(model):
+    """`+min_prob=P` is the hybrid's (a segment whose name holds "="), checked like any option; 0 without it."""
     ctx = context(model)
     assert build_drafter("hybrid:suffix+recycle+min_prob=0.3", ctx).min_prob == 0.3
-    assert build_drafter("hybrid:suffix:min_prob=0.2+recycle", ctx).min_prob == hybrid_module.cpu_kernels.by_row_price(
-        hybrid_module.DEAR_ROWS_MIN_PROB, hybrid_module.DEAR_ROWS_MIN_PROB, 0.0)  # suffix's own option, not the hybrid's
-    monkeypatch.setattr(hybrid_module.cpu_kernels, "by_row_price", lambda costly, blocked, flat, device=None: flat)
-    assert build_drafter("hybrid:suffix+recycle", ctx).min_prob == 0.0  # rows nearly free: nothing left out
+    assert build_drafter("hybrid:suffix:min_prob=0.2+recycle", ctx).min_prob == 0.0  # suffix's own option
+    assert build_drafter("hybrid:suffix+recycle", ctx).min_prob == 0.0
     for spec, match in [("hybrid:suffix+recycle+min_prob=2", "min_prob"), ("hybrid:suffix+recycle+min_prob=x", "min_prob"),
                         ("hybrid:suffix+recycle+min_prob=0.1+min_prob=0.2", "twice"),
                         ("hybrid:suffix+recycle+budget=3", "unknown hybrid option")]:
