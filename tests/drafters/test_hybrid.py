@@ -102,8 +102,9 @@ def test_the_hybrids_own_min_prob_option(model):
 
 
 def test_nodes_below_min_prob_stay_out_of_the_tree(model):
-    """A part whose nodes are estimated below `min_prob` adds none (the budget has room for them), and the
-    output is still the target's; with `min_prob` 0 the same part's nodes are verified."""
+    """A part whose nodes are estimated below `min_prob` (and always wrong) gets a few explored (the cut's
+    optimism), then none, though the budget has room for them; with `min_prob` 0 they fill that room every
+    step. The output is the target's either way."""
     plain, _ = run(model, NoDrafter(), chain(0))
     continuation = {i: s.output_ids for i, s in enumerate(plain)}
 
@@ -111,12 +112,19 @@ def test_nodes_below_min_prob_stay_out_of_the_tree(model):
         return [("sure", ScriptedDrafter("sure", continuation, offset=0, score=0.9, vocab=VOCAB)),
                 ("doubtful", ScriptedDrafter("doubtful", continuation, offset=1, score=0.05, vocab=VOCAB))]
 
+    def doubtful_nodes(trees):
+        return [int((t.source[1:] & 2).bool().sum()) if len(t) > 1 else 0 for t in trees]
+
     tree = TreeSpec("dynamic", depth=2, topk=2, budget=4)
-    seqs, trees = run(model, HybridDrafter(parts(), min_prob=0.2), tree)
+    cut = HybridDrafter(parts(), min_prob=0.2)
+    assert cut.calibration.optimism > 0
+    seqs, trees = run(model, cut, tree)
     assert [s.output_ids for s in seqs] == [s.output_ids for s in plain]
-    assert trees and not any((t.source[1:] & 2).any() for t in trees if len(t) > 1)
-    _, trees = run(model, HybridDrafter(parts(), min_prob=0.0), tree)
-    assert any((t.source[1:] & 2).any() for t in trees if len(t) > 1)
+    late = doubtful_nodes(trees)[len(trees) // 2:]
+    assert late and sum(late) == 0, "nodes rated below the cut were still verified after they had been tried"
+    uncut, trees_uncut = run(model, HybridDrafter(parts(), min_prob=0.0), tree)
+    assert [s.output_ids for s in uncut] == [s.output_ids for s in plain]
+    assert sum(doubtful_nodes(trees_uncut)) > 4 * max(1, sum(doubtful_nodes(trees)))
 
 
 def test_a_part_with_a_depth_cap_drafts_no_deeper(model):
