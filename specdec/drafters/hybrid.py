@@ -55,7 +55,7 @@ VNNI_ROWS_TREE = dynamic(depth=4, topk=3, budget=4)
 PART_DEFAULTS = {"recycle": {"seed": "0"}}
 # With `min_prob`, the calibration's standard errors of optimism (AcceptanceCalibration.optimism): a node kind it
 # rates below the cut is never verified, so without a bonus for little evidence it would never learn better.
-# Chosen on the dev split (2.0 against 1.0, two runs each; bench/results/hybrid_min_prob/).
+# Chosen on the dev split (2.0 against 1.0, two runs each; bench/results/hybrid_min_prob/README.md).
 CUT_OPTIMISM = 2.0
 
 
@@ -75,8 +75,9 @@ class HybridDrafter(DrafterBase):
         accepted path is lower stay out of the tree even with budget left.
 
         Off by default: at 0.1 on a Zen 4 EPYC, where a 4-node tree's rows cost about 5% of a step each, steps
-        got 7% cheaper and accepted 5-7% fewer tokens, the calibration no longer seeing the nodes it leaves out;
-        speed within 0.03 of 0 either way, in three dev and two test runs (bench/results/hybrid_min_prob/)."""
+        got 7% cheaper and accepted 5-7% fewer tokens, as the calibration never saw the nodes left out; with the
+        cut's optimism (CUT_OPTIMISM) acceptance held, but speed stayed within the runs' spread of no cut (-0.02
+        to +0.04 in two test runs; bench/results/hybrid_min_prob/)."""
         if len(parts) < 2:
             raise ConfigError("a hybrid drafter needs at least two parts, e.g. hybrid:suffix+recycle")
         featured = [d for _, d in parts if d.needs_features]
