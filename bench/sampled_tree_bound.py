@@ -115,11 +115,11 @@ def main() -> None:
     roots: dict[int, Tensor] = {}  # id(tree) -> the drafter's root logits (full vocabulary)
     original_trees = ModelDrafter._trees
 
-    def recording_trees(self, seqs, tables, root, spec, scored=False):
+    def recording_trees(self, seqs, tables, root, spec):
         logits, ids = self._logits(root)
         full = self._full_vocab(logits.float(), ids)
-        trees = original_trees(self, seqs, tables, root, spec, scored)
-        for tree, row in zip(trees, full):
+        trees = original_trees(self, seqs, tables, root, spec)
+        for (tree, _), row in zip(trees, full):
             roots[id(tree)] = row
         return trees
 

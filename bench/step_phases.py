@@ -7,10 +7,10 @@ proposals cost nothing; this is the other half: the host work a real drafter add
 `Engine` phase (`_propose`, `_forward`, `_verify`, `_commit`, `_observe`, ...), the runner's forward and KV
 commit, the lookup drafters' propose / observe methods, and a model drafter's level (its forward, EAGLE's
 one-call layer and packing, its head `_logits`, the tree growth in `_trees` / `_chains`) are wrapped by a
-wall-clock timer (about 0.1 us a call); each drafter generates greedily for the dev prompts (one per category, int8 target, one thread) after a
-short warm-up, and the table gives milliseconds per engine step (prefill steps included, so `_forward`
-carries each prompt's prefill spread over its steps). Timers nest: a drafter method's time is inside the
-engine phase that calls it.
+wall-clock timer (about 0.1 us a call); each drafter generates greedily for the dev prompts (one per category,
+int8 target, one thread) after a short warm-up, and the table gives milliseconds per engine step (prefill
+steps included, so `_forward` carries each prompt's prefill spread over its steps). Timers nest: a drafter
+method's time is inside the engine phase that calls it.
 """
 
 from __future__ import annotations

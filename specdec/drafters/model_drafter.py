@@ -26,7 +26,6 @@ those rows on (`specdec.tree.sampled`). Lossless either way; greedy requests alw
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -131,31 +130,34 @@ class ModelDrafter(DrafterBase):
 
     # --------------------------------------------------------------------------------------- drafting
     def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:
-        return self._propose(seqs, spec, scored=False)
+        return [tree for tree, _ in self._propose(seqs, spec)]
 
     def propose_scored(self, seqs: list[Sequence], spec: TreeSpec) -> list[ScoredTree]:
         """The same trees for a hybrid, each node with its raw score: its draft probability given its parent in
         a top-k tree, which the hybrid's calibration bins (without it every node of this drafter looked alike,
         a top-1 guess at 0.8 beside a third one at 0.05); the flat score in chains and sampled trees, which
         compute no probability per node."""
-        return self._propose(seqs, spec, scored=True)
+        return [ScoredTree(tree.token_list, tree.parent_list, probs) if probs is not None else flat_scored(tree)
+                for tree, probs in self._propose(seqs, spec)]
 
     @torch.inference_mode()
-    def _propose(self, seqs: list[Sequence], spec: TreeSpec, scored: bool) -> list:
+    def _propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[tuple[TokenTree, list[float] | None]]:
+        """Each sequence's tree, with its nodes' draft probabilities given their parents where the tree computed
+        them (top-k trees), else None."""
         feeds = self._catch_up(seqs)
         outs = self._forward(feeds)
         root = outs[0][-1:] if len(outs) == 1 else torch.cat([out[-1:] for out in outs])  # [B, X]: each root's output
         tables = [feed.table for feed in feeds]
         committed = [table.length for table in tables]
         if spec.depth == 0:
-            trees = [TokenTree.chain([seq.last_token]) for seq in seqs]
+            trees = [(TokenTree.chain([seq.last_token]), None) for seq in seqs]
         elif spec.kind is TreeKind.CHAIN:
-            trees = self._chains(seqs, tables, root, spec.depth)
+            trees = [(tree, None) for tree in self._chains(seqs, tables, root, spec.depth)]
         else:
-            trees = self._split_trees(seqs, tables, root, spec, scored)
+            trees = self._split_trees(seqs, tables, root, spec)
         for table, length in zip(tables, committed):
             self.cache.truncate(table, length)
-        return [flat_scored(tree) if scored and isinstance(tree, TokenTree) else tree for tree in trees]
+        return trees
 
     def _pick(self, seqs: list[Sequence], outputs: Tensor) -> tuple[list[int], list[Tensor | None]]:
         """One token per sequence: the draft's argmax for greedy requests (one batched argmax), a sample from
@@ -210,25 +212,26 @@ class ModelDrafter(DrafterBase):
             trees.append(TokenTree.chain([seq.last_token] + drafted[i], rows))
         return trees
 
-    def _split_trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor, spec: TreeSpec,
-                     scored: bool = False) -> list:
-        """Top-k trees for greedy requests (ScoredTrees where `scored`); with `sampled_trees`, stochastic trees
-        for sampled ones."""
+    def _split_trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor,
+                     spec: TreeSpec) -> list[tuple[TokenTree, list[float] | None]]:
+        """Top-k trees for greedy requests (with their nodes' probabilities); with `sampled_trees`, stochastic
+        trees for sampled ones (None)."""
         sampled = [i for i, seq in enumerate(seqs) if self.sampled_trees and not seq.params.greedy]
         if not sampled:
-            return self._trees(seqs, tables, root, spec, scored)
+            return self._trees(seqs, tables, root, spec)
         topk = [i for i in range(len(seqs)) if i not in set(sampled)]
-        trees: list = [None] * len(seqs)
-        for group, grow in ((topk, functools.partial(self._trees, scored=scored)), (sampled, self._sampled_trees)):
+        trees: list[tuple[TokenTree, list[float] | None] | None] = [None] * len(seqs)
+        for group, grow in ((topk, self._trees), (sampled, self._sampled_trees)):
             if group:
                 made = grow([seqs[i] for i in group], [tables[i] for i in group], root[torch.tensor(group)], spec)
                 for i, tree in zip(group, made):
                     trees[i] = tree
-        return trees
+        return trees  # type: ignore[return-value]
 
-    def _trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor, spec: TreeSpec,
-               scored: bool = False) -> list:
-        """Top-k trees (`tree.growth` picks the candidates), grown depth by depth; as ScoredTrees where `scored`."""
+    def _trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor,
+               spec: TreeSpec) -> list[tuple[TokenTree, list[float]]]:
+        """Top-k trees (`tree.growth` picks the candidates), grown depth by depth, each with its nodes' draft
+        probabilities given their parents (`TreeGrowth.scored_tree`)."""
         growths = [TreeGrowth(seq.last_token, spec) for seq in seqs]
 
         def expand(logits: Tensor, ids: Tensor | None, members: list[tuple[int, int, int]]) -> None:
@@ -238,13 +241,10 @@ class ModelDrafter(DrafterBase):
                 growths[i].expand(top.values[start: start + n], top_ids[start: start + n])
 
         self._grow(growths, tables, root, expand)
-        if not scored:
-            return [g.tree() for g in growths]
-        return [ScoredTree(tree.token_list, tree.parent_list, probs)
-                for tree, probs in (g.scored_tree() for g in growths)]
+        return [g.scored_tree() for g in growths]
 
     def _sampled_trees(self, seqs: list[Sequence], tables: list[BlockTable], root: Tensor,
-                       spec: TreeSpec) -> list[TokenTree]:
+                       spec: TreeSpec) -> list[tuple[TokenTree, None]]:
         """Stochastic trees: children drawn without replacement from the processed draft distribution."""
         adaptive = self.tree_mode != "sampled-fixed"
         growths = [SampledGrowth(seq.last_token, spec, adaptive) for seq in seqs]
@@ -255,7 +255,7 @@ class ModelDrafter(DrafterBase):
                 growths[i].expand(q, seqs[i].generator)
 
         self._grow(growths, tables, root, expand)
-        return [g.tree() for g in growths]
+        return [(g.tree(), None) for g in growths]
 
     def _grow(self, growths: list, tables: list[BlockTable], root: Tensor, expand) -> None:
         """Grow every sequence's tree depth by depth: one batched draft forward per depth. `expand(logits, ids,

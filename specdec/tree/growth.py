@@ -90,16 +90,21 @@ class TreeGrowth:
         else:
             order = sorted(range(1, len(self.tokens)), key=lambda i: (-self.scores[i], i))
             keep = [0] + sorted(order[: self.spec.budget])
-        probs = [0.0] + [math.exp(self.scores[i] - self.scores[self.parents[i]])
-                         for i in kept_nodes(self.parents, keep)[1:]]
-        return subtree(self.tokens, self.parents, keep), probs
+        order = _kept_nodes(self.parents, keep)
+        probs = [0.0] + [math.exp(self.scores[i] - self.scores[self.parents[i]]) for i in order[1:]]
+        return _reindexed(self.tokens, self.parents, order), probs
 
     def partial(self) -> TokenTree:
         """The tree so far (every node, the frontier included): what one draft forward re-feeds."""
         return TokenTree.from_parents(self.tokens, self.parents)
 
 
-def kept_nodes(parents: list[int], keep: list[int]) -> list[int]:
+def subtree(tokens: list[int], parents: list[int], keep: list[int]) -> TokenTree:
+    """The nodes `keep` (sorted, root first) as a tree; a node whose parent is not kept is dropped too."""
+    return _reindexed(tokens, parents, _kept_nodes(parents, keep))
+
+
+def _kept_nodes(parents: list[int], keep: list[int]) -> list[int]:
     """The nodes of `keep` (sorted, root first) whose every ancestor is kept too, in order."""
     kept: set[int] = set()
     for i in keep:
@@ -108,9 +113,8 @@ def kept_nodes(parents: list[int], keep: list[int]) -> list[int]:
     return sorted(kept)
 
 
-def subtree(tokens: list[int], parents: list[int], keep: list[int]) -> TokenTree:
-    """The nodes `keep` (sorted, root first) as a tree; a node whose parent is not kept is dropped too."""
-    order = kept_nodes(parents, keep)
+def _reindexed(tokens: list[int], parents: list[int], order: list[int]) -> TokenTree:
+    """The nodes `order` (a closed subtree, sorted, root first) as a tree of their own."""
     index = {old: new for new, old in enumerate(order)}
     return TokenTree.from_parents([tokens[i] for i in order], [-1] + [index[parents[i]] for i in order[1:]])
 

@@ -71,6 +71,11 @@ at::Tensor linear(const std::vector<at::Tensor>& act, int64_t kind, const std::v
   return ops::linear_q4(act[0], act[1], act[2], a, b, c, maybe(bias));
 }
 
+// Rows in the form a linear of `kind` takes: float as they are, else q8 (ops::quantize; the same as QLinear's own).
+std::vector<at::Tensor> input_for(const at::Tensor& x, int64_t kind) {
+  return kind == 0 ? std::vector<at::Tensor>{x.reshape({x.size(0), -1})} : ops::quantize(x, 2);
+}
+
 at::Tensor decode_layers(at::Tensor x, const at::Tensor& positions, const at::Tensor& slot_mapping,
                          const at::Tensor& block_tables, const at::Tensor& prefix_lens,
                          const at::Tensor& query_start_loc, const c10::optional<at::Tensor>& tree_mask,
@@ -110,7 +115,7 @@ at::Tensor decode_layers(at::Tensor x, const at::Tensor& positions, const at::Te
                                           tree_mask, scale);
     timer.end(1);
     timer.begin();
-    act = kind[1] == 0 ? std::vector<at::Tensor>{out.view({out.size(0), -1})} : ops::quantize(out, 2);
+    act = input_for(out, kind[1]);
     timer.end(2);
     timer.begin();
     at::Tensor y = linear(act, kind[1], params, p + 2 + kSlots);
@@ -132,11 +137,6 @@ at::Tensor decode_layers(at::Tensor x, const at::Tensor& positions, const at::Te
   at::Tensor hidden = ops::rms_norm(x, final_norm, eps, 0, maybe(pending), c10::nullopt)[0];
   timer.end(2);
   return hidden;
-}
-
-// Rows in the form a linear of `kind` takes: float as they are, else q8 (ops::quantize; the same as QLinear's own).
-std::vector<at::Tensor> input_for(const at::Tensor& x, int64_t kind) {
-  return kind == 0 ? std::vector<at::Tensor>{x.reshape({x.size(0), -1})} : ops::quantize(x, 2);
 }
 
 // The EAGLE-1/2 predictor's layer in one call: eagle_fast.py's kernel path, the same functions in the same order
