@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--cache", default="float32", help="comma list of K/V cache dtypes (this checkout only)")
+    parser.add_argument("--cache", default="float32", help="comma list of K/V cache dtypes")
     parser.add_argument("--cold", action="store_true", help="time each call after flushing the caches (as in the "
                         "engine, where a layer's K/V arrive from memory)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -99,23 +99,27 @@ def main() -> None:
     contexts = [int(x) for x in args.contexts.split(",")]
     if args.worker or not args.library:
         if args.worker:
-            print(json.dumps(measure(args.library[0], rows, contexts, args.calls, args.repeats, cold=args.cold)))
+            print(json.dumps(measure(args.library[0], rows, contexts, args.calls, args.repeats,
+                                     getattr(torch, args.cache), args.cold)))
             return
         results = {f"this checkout, {name} cache": measure(None, rows, contexts, args.calls, args.repeats,
                                                             getattr(torch, name), args.cold)
                    for name in args.cache.split(",")}
     else:
         results: dict[str, dict] = {}
+        caches = args.cache.split(",")
         for _ in range(args.rounds):
-            for library in args.library:
-                out = subprocess.run([sys.executable, __file__, "--worker", "--library", library, "--rows", args.rows,
-                                      "--contexts", args.contexts, "--calls", str(args.calls),
-                                      "--repeats", str(args.repeats)] + (["--cold"] if args.cold else []),
-                                     check=True, capture_output=True, text=True)
-                got = json.loads(out.stdout)
-                best = results.setdefault(library, got)
-                for key, value in got.items():
-                    best[key] = min(best[key], value)
+            for cache in caches:
+                for library in args.library:
+                    out = subprocess.run([sys.executable, __file__, "--worker", "--library", library, "--rows",
+                                          args.rows, "--contexts", args.contexts, "--calls", str(args.calls),
+                                          "--repeats", str(args.repeats), "--cache", cache]
+                                         + (["--cold"] if args.cold else []),
+                                         check=True, capture_output=True, text=True)
+                    got = json.loads(out.stdout)
+                    best = results.setdefault(library if len(caches) == 1 else f"{library}, {cache} cache", got)
+                    for key, value in got.items():
+                        best[key] = min(best[key], value)
     keys = [f"{c}x{r}" for c in contexts for r in rows]
     print("| kernels | " + " | ".join(f"{k.split('x')[0]} keys, {k.split('x')[1]} rows (us)" for k in keys) + " |")
     print("|---|" + "---|" * len(keys))
