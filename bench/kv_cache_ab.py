@@ -55,7 +55,7 @@ def main() -> None:
         methods.insert(0, ("none", None))
     runners = []
     for kv in PRECISIONS:
-        config = EngineConfig(kv_cache_dtype="auto" if kv == "float32" else kv)
+        config = EngineConfig(kv_cache_dtype=kv)
         for drafter, tree in methods:
             llm = LLM.from_loaded(loaded, drafter, tree, quantize=args.quantize, engine_config=config)
             runners.append(((drafter + (f"|{tree}" if tree else ""), kv), OursRunner(drafter, drafter, llm)))

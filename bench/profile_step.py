@@ -188,17 +188,18 @@ def compiled_kernels(mode: str) -> Iterator[None]:
             os.environ["SPECDEC_CPU_KERNELS"] = old
 
 
-PRECISIONS = ("fp32", "int8", "int7", "int4", "int8-fbgemm", "int8-bf16kv")
+PRECISIONS = ("fp32", "int8", "int7", "int4", "int8-fbgemm", "int8-bf16kv", "int8-f32kv")
 
 
 def build(target: str, precision: str) -> LLM:
     """fp32; int8, int7 and int4 (QLinear weights, the serving policy); int8-fbgemm (fbgemm's linears with the same
-    compiled attention and norms, the linear kernel used before QLinear); int8-bf16kv (int8 with a bfloat16 K/V
-    cache: attention on AMX tiles)."""
+    compiled attention and norms, the linear kernel used before QLinear); int8-bf16kv and int8-f32kv (int8 with a
+    bfloat16 or a float32 K/V cache; plain int8 takes the serving default, bfloat16 where the kernels attend over
+    it: AMX or AVX512-BF16)."""
     if precision not in PRECISIONS:
         raise SystemExit(f"unknown precision {precision}; choose from {', '.join(PRECISIONS)}")
-    kv_cache_dtype = "bfloat16" if precision.endswith("-bf16kv") else "auto"
-    precision = precision.removesuffix("-bf16kv")
+    kv_cache_dtype = {"-bf16kv": "bfloat16", "-f32kv": "float32"}.get(precision[precision.rfind("-"):], "auto")
+    precision = precision.removesuffix("-bf16kv").removesuffix("-f32kv")
     # quantized as it loads: a 1.5B target never holds its fp32 weights
     streamed = precision in ("int8", "int7", "int4")
     loaded = load_model(target, "cpu", "float32", show_progress=False,

@@ -65,6 +65,32 @@ def test_a_bfloat16_cache_is_refused_on_a_cpu_without_bf16_kernels(model, monkey
     check_kv_cache_dtype(model, EngineConfig())  # the model's own precision is always fine
 
 
+@pytest.mark.skipif(not cpu_kernels.available(), reason="the compiled CPU kernels are not available here")
+def test_int8_serving_keeps_k_v_in_bfloat16_where_the_kernels_attend_over_it(monkeypatch):
+    """The serving policy's "auto" cache: bfloat16 where the kernels attend over it (AMX or AVX512-BF16) and the
+    head size suits them (a multiple of 32), else float32; an engine can still ask for float32."""
+    def int8_model(head_32: bool):
+        config = tiny_config(VOCAB, hidden=128, heads=4, kv_heads=2) if head_32 else tiny_config(VOCAB)
+        model = build_model(config, None, torch.float32, torch.device("cpu"), seed=3)
+        quantize_model_int8_(model)
+        return model
+
+    for bf16, head_32, expected in ((True, True, torch.bfloat16), (False, True, torch.float32),
+                                    (True, False, torch.float32)):
+        monkeypatch.setattr(cpu_kernels, "bf16_attention", lambda bf16=bf16: bf16)
+        model = int8_model(head_32)
+        assert model.kv_cache_dtype == expected and model.cache_dtype("float32") == torch.float32
+        check_kv_cache_dtype(model, EngineConfig())
+    # a bfloat16 "auto" cache where the kernels' level has since been lowered: one clear error, not the slow
+    # torch reference (which has no fixed reduction order per row)
+    monkeypatch.setattr(cpu_kernels, "bf16_attention", lambda: True)
+    model = int8_model(True)
+    monkeypatch.setattr(cpu_kernels, "bf16_attention", lambda: False)
+    with pytest.raises(ConfigError, match="AMX-BF16"):
+        check_kv_cache_dtype(model, EngineConfig())
+    check_kv_cache_dtype(model, EngineConfig(kv_cache_dtype="float32"))
+
+
 def test_a_float32_cache_is_refused_where_the_model_attends_in_float64(monkeypatch):
     """An int8 model on a CPU without the compiled kernels keeps a float64 cache (its torch attention is then
     batch-invariant); asking for float32 there would lose greedy speculative == plain output."""
