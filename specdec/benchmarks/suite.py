@@ -319,11 +319,15 @@ def run_suite(options: SuiteOptions, console: Console | None = None) -> dict:
 
 
 def _precision(runner, options: SuiteOptions) -> str:
+    """The weights' precision, and the K/V cache's where it differs from the activations' (an int8 model's is
+    bfloat16 by default on CPUs with bfloat16 attention kernels: a reader of the table should see it)."""
     if runner.family != "specdec":
         return "fp32"
-    if options.quantize == "int8":
-        return "int8 W8A8"
-    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(options.dtype, options.dtype)
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
+    weights = "int8 W8A8" if options.quantize == "int8" else names.get(getattr(torch, options.dtype), options.dtype)
+    cache = runner.llm.engine.runner.cache.dtype if hasattr(runner, "llm") else None
+    activations = torch.float32 if options.quantize == "int8" else getattr(torch, options.dtype)
+    return weights if cache in (None, activations) else f"{weights}, {names.get(cache, str(cache))} K/V"
 
 
 def _version(package: str) -> str:

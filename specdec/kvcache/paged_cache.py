@@ -63,6 +63,11 @@ class PagedKVCache:
     def num_free_blocks(self) -> int:
         return self.pool.num_free
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """What K and V are stored in."""
+        return self.layers[0][0].dtype
+
     def blocks_needed(self, table: BlockTable, n: int) -> int:
         """Fresh blocks `append(table, n)` would take (counting a copy-on-write of a shared last block)."""
         bs = self.block_size
