@@ -205,13 +205,15 @@ def check_kv_cache_dtype(model: Any, config: EngineConfig) -> None:
         raise ConfigError("kv_cache_dtype='float32' needs the compiled CPU kernels for this model: without them "
                           "its attention runs in float64, so that speculative output equals plain output; use "
                           "'auto'", field="kv_cache_dtype")
-    # The cache the engine would allocate, "auto" included: an int8 model's own is bfloat16 where the kernels
-    # attended over it when it loaded, and their level can be lowered since (cpu.isa).
-    if model.cache_dtype(config.kv_cache_dtype) != torch.bfloat16:
+    # Asked for, or chosen by the int8 serving policy for "auto" (where the kernels attended over it when the
+    # model loaded: their level can be lowered since, cpu.isa). A bfloat16 model's own bfloat16 cache is not
+    # this kernel's business: it runs the torch reference, as it always has.
+    policy = getattr(getattr(model, "config", None), "kv_cache_dtype", None) == "bfloat16"
+    if not (config.kv_cache_dtype == "bfloat16" or (config.kv_cache_dtype == "auto" and policy)):
         return
 
     if model.dtype != torch.float32 or not cpu_kernels.bf16_attention():
-        instead = "'float32'" if config.kv_cache_dtype == "auto" else "'auto'"
+        instead = "'float32'" if policy else "'auto'"
         raise ConfigError(f"kv_cache_dtype='bfloat16' on CPU needs a float32 or int8 model and a CPU with AMX-BF16 "
                           f"or AVX512-BF16 (this one runs the kernels at level {cpu_kernels.isa()!r}); use {instead}",
                           field="kv_cache_dtype")

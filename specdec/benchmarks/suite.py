@@ -324,9 +324,10 @@ def _precision(runner, options: SuiteOptions) -> str:
     if runner.family != "specdec":
         return "fp32"
     names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
-    weights = "int8 W8A8" if options.quantize == "int8" else names.get(getattr(torch, options.dtype), options.dtype)
+    quantized = {"int8": "int8 W8A8", "int7": "int7 W7A8", "int4": "int4 W4A8"}.get(options.quantize or "")
+    weights = quantized or names.get(getattr(torch, options.dtype), options.dtype)
     cache = runner.llm.engine.runner.cache.dtype if hasattr(runner, "llm") else None
-    activations = torch.float32 if options.quantize == "int8" else getattr(torch, options.dtype)
+    activations = torch.float32 if quantized else getattr(torch, options.dtype)
     return weights if cache in (None, activations) else f"{weights}, {names.get(cache, str(cache))} K/V"
 
 

@@ -58,6 +58,24 @@ def test_greedy_speculation_equals_plain_decode_over_a_bfloat16_cache(model, spe
     assert speculative == plain
 
 
+@pytest.mark.skipif(not cpu_kernels.bf16_attention(), reason="no AMX-BF16 or AVX512-BF16 on this CPU")
+def test_an_int8_model_speculates_over_its_default_bfloat16_cache_with_plain_decodes_output(model):
+    """The int8 serving policy's own cache ("auto"): bfloat16 here, and greedy speculation over it still gives
+    plain decode's output (every row of a tree through the int8 kernels and the bfloat16 attention)."""
+    int8 = build_model(tiny_config(VOCAB, hidden=128, heads=4, kv_heads=2), None, torch.float32,
+                       torch.device("cpu"), seed=3)
+    with torch.no_grad():
+        int8.lm_head.weight.copy_(model.lm_head.weight)
+    quantize_model_int8_(int8)
+    engine, plain = run(int8, NoDrafter(), chain(0), "auto")
+    assert engine.runner.cache.dtype == torch.bfloat16
+    ctx = DrafterContext(SimpleNamespace(model=int8, source="tiny"), EngineConfig(), torch.device("cpu"),
+                         torch.float32, None)
+    _, speculative = run(int8, build_drafter("hybrid:suffix+recycle", ctx), TreeSpec("dynamic", depth=4, topk=3,
+                                                                                      budget=8), "auto")
+    assert speculative == plain
+
+
 def test_a_bfloat16_cache_is_refused_on_a_cpu_without_bf16_kernels(model, monkeypatch):
     monkeypatch.setattr(cpu_kernels, "bf16_attention", lambda: False)
     with pytest.raises(ConfigError, match="AMX-BF16"):
@@ -102,6 +120,30 @@ def test_a_float32_cache_is_refused_where_the_model_attends_in_float64(monkeypat
         check_kv_cache_dtype(int8, EngineConfig(kv_cache_dtype="float32"))
     check_kv_cache_dtype(int8, EngineConfig())
     check_kv_cache_dtype(tiny_model(0, vocab=64), EngineConfig(kv_cache_dtype="float32"))  # a float32 model's own
+
+
+def test_a_bfloat16_model_keeps_its_own_cache_under_auto_on_any_cpu(monkeypatch):
+    """A model whose weights are bfloat16 has a bfloat16 cache of its own, served by the torch reference as
+    ever: "auto" does not put it under the int8 policy's kernel requirement."""
+    monkeypatch.setattr(cpu_kernels, "bf16_attention", lambda: False)
+    bf16 = build_model(tiny_config(VOCAB), None, torch.bfloat16, torch.device("cpu"), seed=3)
+    assert bf16.kv_cache_dtype == torch.bfloat16
+    check_kv_cache_dtype(bf16, EngineConfig())
+    with pytest.raises(ConfigError, match="AMX-BF16.*use 'auto'"):
+        check_kv_cache_dtype(bf16, EngineConfig(kv_cache_dtype="bfloat16"))
+
+
+def test_a_draft_model_follows_an_engine_that_asks_for_float32():
+    """A draft model under the int8 policy keeps its own bfloat16 cache unless the engine asks for float32 (what
+    reproduces figures measured before that policy); its own choice otherwise."""
+    from specdec.drafters.draft_model import draft_cache_dtype
+
+    policy = SimpleNamespace(config=SimpleNamespace(kv_cache_dtype="bfloat16"))
+    own = SimpleNamespace(config=SimpleNamespace(kv_cache_dtype=None))
+    assert draft_cache_dtype(policy, EngineConfig(kv_cache_dtype="float32")) == "float32"
+    assert draft_cache_dtype(policy, EngineConfig()) == "auto"
+    assert draft_cache_dtype(own, EngineConfig(kv_cache_dtype="float32")) == "auto"
+    assert draft_cache_dtype(own, EngineConfig(kv_cache_dtype="bfloat16")) == "auto"
 
 
 def test_an_unknown_cache_precision_is_one_clear_error():

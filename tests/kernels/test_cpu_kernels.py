@@ -3,6 +3,8 @@ for: a row's result is the same bits alone, in a batch, and as a tree node."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -116,12 +118,27 @@ def _bf16_reference(q, k_cache, v_cache, *rest):
     return reference.paged_attention(q.bfloat16().double(), k_cache.double(), v_cache.double(), *rest).float()
 
 
+@contextlib.contextmanager
+def _bf16_kernel(level: str):
+    """The kernels held to `level` ("amx": the AMX tiles' bfloat16 attention; "avx512": the AVX512-BF16 dot
+    products, which a CPU with both runs only when held there); skips where the CPU lacks it."""
+    before = cpu.isa()
+    try:
+        if cpu.isa(level) != level or not cpu.bf16_attention():
+            pytest.skip(f"no bfloat16 attention at the {level} level here")
+        yield
+    finally:
+        cpu.isa(before)
+
+
 @bf16_attention
+@pytest.mark.parametrize("level", ["amx", "avx512"])
 @pytest.mark.parametrize("seed,group,prefix,page", [(0, 3, 13, 4), (1, 3, 13, 4), (4, 1, 13, 4), (6, 4, 13, 4),
                                                      (7, 5, 13, 4), (8, 3, 40, 16), (9, 2, 71, 16),
                                                      (10, 4, 32, 16), (11, 3, 29, 16), (12, 6, 61, 16)])
-def test_bf16_attention_row_is_bit_identical_alone_batched_and_in_a_tree(seed, group, prefix, page):
-    alone, batched, tree = _row_three_ways(cpu.paged_attention, seed, group, prefix, page, torch.bfloat16)
+def test_bf16_attention_row_is_bit_identical_alone_batched_and_in_a_tree(seed, group, prefix, page, level):
+    with _bf16_kernel(level):
+        alone, batched, tree = _row_three_ways(cpu.paged_attention, seed, group, prefix, page, torch.bfloat16)
     assert torch.equal(alone, batched)
     assert torch.equal(alone, tree)
     expected = _row_three_ways(_bf16_reference, seed, group, prefix, page, torch.bfloat16)[0]
@@ -130,16 +147,18 @@ def test_bf16_attention_row_is_bit_identical_alone_batched_and_in_a_tree(seed, g
 
 
 @bf16_attention
+@pytest.mark.parametrize("level", ["amx", "avx512"])
 @pytest.mark.parametrize("tree", [None, "chain", "star", "random"])
 @pytest.mark.parametrize("group,head_dim", [(1, 32), (3, 64), (2, 128)])
-def test_bf16_attention_matches_the_reference(make_case, tree, group, head_dim):
+def test_bf16_attention_matches_the_reference(make_case, tree, group, head_dim, level):
     """Prefill chunks (causal), chains and trees beside each other, over NaN-poisoned unused slots: within the
     rounding of the weights to bfloat16 (an error of a few 1e-3 on outputs of order 1)."""
     case = make_case(70 + group, [0, 11, 40, 75], [5, 9, 1, 20], kv_heads=2, group=group, head_dim=head_dim, page=4,
                      tree=tree, strided_q=tree == "random")
     k_cache, v_cache = case.k_cache.bfloat16(), case.v_cache.bfloat16()
     args = (case.q, k_cache, v_cache, *case.args()[3:])
-    got = cpu.paged_attention(*args)
+    with _bf16_kernel(level):
+        got = cpu.paged_attention(*args)
     torch.testing.assert_close(got, _bf16_reference(*args), atol=1e-2, rtol=1e-2)
     fp32 = reference.paged_attention(case.q.double(), case.k_cache.double(), case.v_cache.double(),
                                      *case.args()[3:]).float()
