@@ -194,8 +194,7 @@ PRECISIONS = ("fp32", "int8", "int7", "int4", "int8-fbgemm", "int8-bf16kv", "int
 def build(target: str, precision: str) -> LLM:
     """fp32; int8, int7 and int4 (QLinear weights, the serving policy); int8-fbgemm (fbgemm's linears with the same
     compiled attention and norms, the linear kernel used before QLinear); int8-bf16kv and int8-f32kv (int8 with a
-    bfloat16 or a float32 K/V cache; plain int8 takes the serving default, bfloat16 where the kernels attend over
-    it at the level `--kernels` holds them to: AMX or AVX512-BF16, so compare levels with int8-f32kv)."""
+    bfloat16 or a float32 K/V cache; plain int8 takes the serving default, float32)."""
     if precision not in PRECISIONS:
         raise SystemExit(f"unknown precision {precision}; choose from {', '.join(PRECISIONS)}")
     kv_cache_dtype = {"-bf16kv": "bfloat16", "-f32kv": "float32"}.get(precision[precision.rfind("-"):], "auto")

@@ -135,12 +135,11 @@ class EngineConfig:
     acceptance: str = "lossless"
     typical_threshold: float = 0.09  # epsilon: accept if p(token) > min(epsilon, delta * exp(-entropy))
     typical_alpha: float = 0.3  # delta
-    # The target's K/V cache precision: "auto" (the model's own: float32 for a float32 model; for an int8 model
-    # on CPU bfloat16 where the kernels attend over it, else float32: models/quant.finish_int8_serving),
-    # "float32", or "bfloat16" (half the cache memory and traffic; on CPU, attention on AMX tiles, where a tree's
-    # extra rows cost attention next to nothing, or with AVX512-BF16 dot products, where they cost about half;
-    # it needs one of the two there). Greedy speculative output still equals plain output at either
-    # precision: only the model's numbers change, as with any precision choice.
+    # The target's K/V cache precision: "auto" (the model's own: float32 for a CPU float32 or int8 model) or
+    # "bfloat16" (half the cache memory and traffic; on CPU, attention on AMX tiles, where a tree's extra rows
+    # cost attention next to nothing, or with AVX512-BF16 dot products, where they cost about half; it needs
+    # one of the two there). Greedy speculative output still equals plain
+    # output at either precision: only the model's numbers change, as with any precision choice.
     kv_cache_dtype: str = "auto"
     # On a GPU, steps of up to this many new tokens (decodes, tree verifications) replay CUDA graphs captured
     # per shape bucket instead of launching each kernel from Python (engine/cuda_graphs.py); 0: always eager.

@@ -190,8 +190,7 @@ def params_list(params: Any, n: int) -> list[SamplingParams]:
 
 # ---------------------------------------------------------------------------------------------- resources
 def check_kv_cache_dtype(model: Any, config: EngineConfig) -> None:
-    """A bfloat16 cache on CPU (asked for, or an int8 model's own) needs the compiled bfloat16 attention (AMX
-    tiles or AVX512-BF16 dot products): the torch reference would serve it, but without
+    """A bfloat16 cache on CPU needs the AMX tiles' attention: the torch reference would serve it, but without
     the fixed reduction order per row that keeps greedy speculative output equal to plain output. For the same
     reason a float32 cache is refused where the model's own is float64 (an int8 model on a CPU without the
     compiled kernels attends in float64 so that a row's result does not depend on its batch)."""
@@ -205,17 +204,12 @@ def check_kv_cache_dtype(model: Any, config: EngineConfig) -> None:
         raise ConfigError("kv_cache_dtype='float32' needs the compiled CPU kernels for this model: without them "
                           "its attention runs in float64, so that speculative output equals plain output; use "
                           "'auto'", field="kv_cache_dtype")
-    # Asked for, or chosen by the int8 serving policy for "auto" (where the kernels attended over it when the
-    # model loaded: their level can be lowered since, cpu.isa). A bfloat16 model's own bfloat16 cache is not
-    # this kernel's business: it runs the torch reference, as it always has.
-    policy = getattr(getattr(model, "config", None), "kv_cache_dtype", None) == "bfloat16"
-    if not (config.kv_cache_dtype == "bfloat16" or (config.kv_cache_dtype == "auto" and policy)):
+    if config.kv_cache_dtype != "bfloat16":
         return
 
     if model.dtype != torch.float32 or not cpu_kernels.bf16_attention():
-        instead = "'float32'" if policy else "'auto'"
         raise ConfigError(f"kv_cache_dtype='bfloat16' on CPU needs a float32 or int8 model and a CPU with AMX-BF16 "
-                          f"or AVX512-BF16 (this one runs the kernels at level {cpu_kernels.isa()!r}); use {instead}",
+                          f"or AVX512-BF16 (this one runs the kernels at level {cpu_kernels.isa()!r}); use 'auto'",
                           field="kv_cache_dtype")
 
 

@@ -34,8 +34,7 @@ def bench(
     quick: bool = typer.Option(False, help="CI size: 1 prompt per category, 16 tokens, none + ngram, 2 peers."),
     kv_cache_tokens: Optional[int] = typer.Option(None, help="KV cache per method's engine (default: the engine's; "
                                                            "smaller lets many methods share a small machine)."),
-    kv_cache_dtype: str = typer.Option("auto", help="Every method's K/V cache precision: auto (for int8 on CPU "
-                                                    "bfloat16 where the kernels attend over it), float32, or "
+    kv_cache_dtype: str = typer.Option("auto", help="Every method's K/V cache precision: auto, float32, or "
                                                     "bfloat16 (on CPU needs AMX-BF16 or AVX512-BF16)."),
     adaptive: bool = typer.Option(True, help="Adaptive speculation, as `generate` runs by default; --no-adaptive "
                                              "drafts every method's full tree every step."),

@@ -66,10 +66,9 @@ def generate(
                                                     "sampled requests only)."),
     max_tree_nodes: int = typer.Option(128, help="Most nodes in one draft tree (the root counted)."),
     kv_cache_tokens: int = typer.Option(32768, help="KV cache capacity in tokens, over all running requests."),
-    kv_cache_dtype: str = typer.Option("auto", help="K/V cache precision: auto (the model's own; an int8 "
-                                                    "model on CPU: bfloat16 where the kernels attend over "
-                                                    "it, AMX-BF16 or AVX512-BF16), float32, or bfloat16 "
-                                                    "(half the memory; on CPU needs one of the two)."),
+    kv_cache_dtype: str = typer.Option("auto", help="K/V cache precision: auto (the model's own), float32, or "
+                                                    "bfloat16 (half the memory; on CPU needs AMX-BF16 or "
+                                                    "AVX512-BF16, where tree rows get cheaper)."),
 ) -> None:
     """Generate text, streaming tokens as they are produced, then print one stats line (on stderr).
 

@@ -37,10 +37,9 @@ def serve(
     max_num_seqs: int = typer.Option(64, help="Most sequences in the running batch."),
     max_waiting: int = typer.Option(256, help="Most requests waiting for a batch slot; beyond it: 503."),
     kv_cache_tokens: int = typer.Option(32768, help="KV cache capacity in tokens, over all sequences."),
-    kv_cache_dtype: str = typer.Option("auto", help="K/V cache precision: auto (the model's own; an int8 "
-                                                    "model on CPU: bfloat16 where the kernels attend over "
-                                                    "it, AMX-BF16 or AVX512-BF16), float32, or bfloat16 "
-                                                    "(half the memory; on CPU needs one of the two)."),
+    kv_cache_dtype: str = typer.Option("auto", help="K/V cache precision: auto (the model's own), float32, or "
+                                                    "bfloat16 (half the memory; on CPU needs AMX-BF16 or "
+                                                    "AVX512-BF16)."),
     threads: Optional[int] = typer.Option(None, help="CPU threads (default: all cores but one)."),
     adaptive: bool = typer.Option(True, help="Size each sequence's tree every step for the most goodput."),
     prefix_caching: bool = typer.Option(True, help="Reuse the K/V of prompt prefixes already computed."),

@@ -49,14 +49,6 @@ SHIPPED_META = "specdec_draft.json"
 SHIPPED_DEAR_ROWS_K = 1
 
 
-def draft_cache_dtype(model: LlamaModel, engine: EngineConfig) -> str:
-    """The draft's K/V precision: its own ("auto"), except that an engine asking for float32 gets it for a draft
-    whose own is the int8 policy's bfloat16 too (what `--kv-cache-dtype float32` reproduced before that policy;
-    a bfloat16 cache asked of the engine stays the target's alone)."""
-    own = model.config.kv_cache_dtype
-    return "float32" if engine.kv_cache_dtype == "float32" and own == "bfloat16" else "auto"
-
-
 class DraftModelDrafter(ModelDrafter):
     name = "draft"
 
@@ -66,7 +58,7 @@ class DraftModelDrafter(ModelDrafter):
         self.ids = ids  # [N] target id of each draft id, when the model's head is a ReducedHead (vocab=N)
         self.twin = twin  # the same draft with int8 layers, for passes of TWIN_ROWS rows or more (int4 drafts)
         self.runner = ModelRunner.create(model, engine.num_blocks + spare_blocks(engine), engine.block_size,
-                                         num_layers, kv_cache_dtype=draft_cache_dtype(model, engine))
+                                         num_layers)
         self.cache = self.runner.cache
 
     def default_tree(self) -> TreeSpec:

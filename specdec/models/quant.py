@@ -348,18 +348,15 @@ def head_bits(bits: int) -> int:
 
 
 def finish_int8_serving(model: "LlamaModel") -> None:
-    """The K/V precision half of the policy: bfloat16 where our kernels attend over it with bfloat16 dot
-    products (AMX or AVX512-BF16), float32 with our kernels elsewhere (both a fixed reduction order per row),
-    else float64.
+    """The K/V precision half of the policy: float32 with our kernels (fixed reduction order), else float64.
 
-    Why bfloat16 by default there: the int8 model's text is as good over it (greedy agreement with the float32
-    model 0.90 either way, the same log-likelihood of its text: bench/results/kv_cache_ab/), plain decode is 1.07x
-    faster (half the K/V bytes), and a tree's extra rows cost half the attention arithmetic, which is most of
-    what a verified row costs beyond the first. llama.cpp keeps its K/V in 16 bits by default too. An engine
-    asks for float32 with `kv_cache_dtype="float32"`."""
+    Not bfloat16 by default, though the kernels attend over it on AMX and AVX512-BF16 CPUs: measured at stop 49
+    on a Zen 4 (bench/results/kv_cache_ab/), plain decode ran 1.05-1.08x faster over it but the hybrid accepted
+    fewer tokens of the text it writes (tau 2.01 -> 1.87-1.88 on 30 test prompts), so speculation's gain over
+    same-cache plain decode fell (1.55-1.56x -> 1.48-1.50x); it cost 0.9% perplexity; and the two kernels round
+    differently, where over float32 every x86 CPU gives an int8 prompt the same text. `kv_cache_dtype=
+    "bfloat16"` asks for it."""
     from specdec.kernels import cpu as cpu_kernels
 
     own = model.dtype == torch.float32 and cpu_kernels.available()
-    half = (own and model.device.type == "cpu" and model.config.head_dim % 32 == 0
-            and cpu_kernels.bf16_attention())
-    model.config = dataclasses.replace(model.config, kv_cache_dtype="bfloat16" if half else None if own else "float64")
+    model.config = dataclasses.replace(model.config, kv_cache_dtype=None if own else "float64")

@@ -59,20 +59,20 @@ def test_greedy_speculation_equals_plain_decode_over_a_bfloat16_cache(model, spe
 
 
 @pytest.mark.skipif(not cpu_kernels.bf16_attention(), reason="no AMX-BF16 or AVX512-BF16 on this CPU")
-def test_an_int8_model_speculates_over_its_default_bfloat16_cache_with_plain_decodes_output(model):
-    """The int8 serving policy's own cache ("auto"): bfloat16 here, and greedy speculation over it still gives
-    plain decode's output (every row of a tree through the int8 kernels and the bfloat16 attention)."""
+def test_an_int8_model_speculates_over_a_bfloat16_cache_with_plain_decodes_output(model):
+    """An int8 model over a bfloat16 cache: greedy speculation still gives plain decode's output (every row of a
+    tree through the int8 kernels and the bfloat16 attention)."""
     int8 = build_model(tiny_config(VOCAB, hidden=128, heads=4, kv_heads=2), None, torch.float32,
                        torch.device("cpu"), seed=3)
     with torch.no_grad():
         int8.lm_head.weight.copy_(model.lm_head.weight)
     quantize_model_int8_(int8)
-    engine, plain = run(int8, NoDrafter(), chain(0), "auto")
+    engine, plain = run(int8, NoDrafter(), chain(0), "bfloat16")
     assert engine.runner.cache.dtype == torch.bfloat16
     ctx = DrafterContext(SimpleNamespace(model=int8, source="tiny"), EngineConfig(), torch.device("cpu"),
                          torch.float32, None)
     _, speculative = run(int8, build_drafter("hybrid:suffix+recycle", ctx), TreeSpec("dynamic", depth=4, topk=3,
-                                                                                      budget=8), "auto")
+                                                                                      budget=8), "bfloat16")
     assert speculative == plain
 
 
@@ -84,29 +84,16 @@ def test_a_bfloat16_cache_is_refused_on_a_cpu_without_bf16_kernels(model, monkey
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason="the compiled CPU kernels are not available here")
-def test_int8_serving_keeps_k_v_in_bfloat16_where_the_kernels_attend_over_it(monkeypatch):
-    """The serving policy's "auto" cache: bfloat16 where the kernels attend over it (AMX or AVX512-BF16) and the
-    head size suits them (a multiple of 32), else float32; an engine can still ask for float32."""
-    def int8_model(head_32: bool):
-        config = tiny_config(VOCAB, hidden=128, heads=4, kv_heads=2) if head_32 else tiny_config(VOCAB)
-        model = build_model(config, None, torch.float32, torch.device("cpu"), seed=3)
-        quantize_model_int8_(model)
-        return model
-
-    for bf16, head_32, expected in ((True, True, torch.bfloat16), (False, True, torch.float32),
-                                    (True, False, torch.float32)):
-        monkeypatch.setattr(cpu_kernels, "bf16_attention", lambda bf16=bf16: bf16)
-        model = int8_model(head_32)
-        assert model.kv_cache_dtype == expected and model.cache_dtype("float32") == torch.float32
-        check_kv_cache_dtype(model, EngineConfig())
-    # a bfloat16 "auto" cache where the kernels' level has since been lowered: one clear error, not the slow
-    # torch reference (which has no fixed reduction order per row)
+def test_int8_serving_keeps_k_v_in_float32_even_where_bfloat16_kernels_serve(monkeypatch):
+    """The serving policy's "auto" cache stays float32 where the bfloat16 kernels exist (quant.
+    finish_int8_serving says why: measured, speculation gained less over it and the text came to depend on the
+    CPU); bfloat16 is asked for."""
     monkeypatch.setattr(cpu_kernels, "bf16_attention", lambda: True)
-    model = int8_model(True)
-    monkeypatch.setattr(cpu_kernels, "bf16_attention", lambda: False)
-    with pytest.raises(ConfigError, match="AMX-BF16"):
-        check_kv_cache_dtype(model, EngineConfig())
-    check_kv_cache_dtype(model, EngineConfig(kv_cache_dtype="float32"))
+    int8 = build_model(tiny_config(VOCAB, hidden=128, heads=4, kv_heads=2), None, torch.float32,
+                       torch.device("cpu"), seed=3)
+    quantize_model_int8_(int8)
+    assert int8.kv_cache_dtype == torch.float32 and int8.cache_dtype("bfloat16") == torch.bfloat16
+    check_kv_cache_dtype(int8, EngineConfig(kv_cache_dtype="bfloat16"))
 
 
 def test_a_float32_cache_is_refused_where_the_model_attends_in_float64(monkeypatch):
@@ -123,27 +110,14 @@ def test_a_float32_cache_is_refused_where_the_model_attends_in_float64(monkeypat
 
 
 def test_a_bfloat16_model_keeps_its_own_cache_under_auto_on_any_cpu(monkeypatch):
-    """A model whose weights are bfloat16 has a bfloat16 cache of its own, served by the torch reference as
-    ever: "auto" does not put it under the int8 policy's kernel requirement."""
+    """A model whose weights are bfloat16 has a bfloat16 cache of its own, served by the torch reference: "auto"
+    never refuses it; asking for bfloat16 explicitly is the kernels' business, and refused without them."""
     monkeypatch.setattr(cpu_kernels, "bf16_attention", lambda: False)
     bf16 = build_model(tiny_config(VOCAB), None, torch.bfloat16, torch.device("cpu"), seed=3)
     assert bf16.kv_cache_dtype == torch.bfloat16
     check_kv_cache_dtype(bf16, EngineConfig())
     with pytest.raises(ConfigError, match="AMX-BF16.*use 'auto'"):
         check_kv_cache_dtype(bf16, EngineConfig(kv_cache_dtype="bfloat16"))
-
-
-def test_a_draft_model_follows_an_engine_that_asks_for_float32():
-    """A draft model under the int8 policy keeps its own bfloat16 cache unless the engine asks for float32 (what
-    reproduces figures measured before that policy); its own choice otherwise."""
-    from specdec.drafters.draft_model import draft_cache_dtype
-
-    policy = SimpleNamespace(config=SimpleNamespace(kv_cache_dtype="bfloat16"))
-    own = SimpleNamespace(config=SimpleNamespace(kv_cache_dtype=None))
-    assert draft_cache_dtype(policy, EngineConfig(kv_cache_dtype="float32")) == "float32"
-    assert draft_cache_dtype(policy, EngineConfig()) == "auto"
-    assert draft_cache_dtype(own, EngineConfig(kv_cache_dtype="float32")) == "auto"
-    assert draft_cache_dtype(own, EngineConfig(kv_cache_dtype="bfloat16")) == "auto"
 
 
 def test_an_unknown_cache_precision_is_one_clear_error():

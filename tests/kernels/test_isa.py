@@ -4,8 +4,8 @@ machine has never changes a token: the int8 and int4 linears' VNNI tiles and the
 both blocked kernels on a second copy of the weights) and attention's three-heads-at-a-time blocks
 (attention_rows.h: the same multiply-adds per query and key, in the same order). The comparisons run where the
 CPU has AVX-512, or AMX; the switch and the blocked weight layout are checked everywhere. (A bfloat16 K/V cache,
-an int8 model's default where the CPU has AMX-BF16 or AVX512-BF16, is the exception: its two kernels round
-differently, and tests/kernels/test_cpu_kernels.py holds each to its own contract.)"""
+asked for, is the exception: its two kernels round differently, and tests/kernels/test_cpu_kernels.py holds each
+to its own contract.)"""
 
 from __future__ import annotations
 

@@ -191,10 +191,9 @@ def isa(request: str = "") -> str:
     extra verified rows cheap), else "avx2". `request` "avx2", "avx512" or "amx" chooses that level, or the best
     below it the CPU has, for A/B runs and tests; SPECDEC_CPU_ISA does the same for a whole process (set before
     loading a model, "avx2" or "avx512" also skips the AMX copy of its weights). Every level gives the same
-    bits over a float32 K/V cache. Over a bfloat16 one the AMX tiles and the AVX512-BF16 dot products each give
-    their own, and an int8 model keeps its K/V in bfloat16 by default where either serves (quant.
-    finish_int8_serving): its greedy text then depends on which one the CPU has (`kv_cache_dtype="float32"`
-    gives every CPU the same). Without the compiled kernels (`available()` False) it is "none"."""
+    bits over a float32 K/V cache (the default). Over a bfloat16 one (`kv_cache_dtype="bfloat16"`) the AMX tiles
+    and the AVX512-BF16 dot products each give their own, so the text then depends on which one the CPU has.
+    Without the compiled kernels (`available()` False) it is "none"."""
     if not available():
         return "none"
     return torch.ops.specdec_cpu.isa(request)
