@@ -319,16 +319,16 @@ def run_suite(options: SuiteOptions, console: Console | None = None) -> dict:
 
 
 def _precision(runner, options: SuiteOptions) -> str:
-    """The weights' precision, and the K/V cache's where it differs from the activations' (an int8 model's is
-    bfloat16 by default on CPUs with bfloat16 attention kernels: a reader of the table should see it)."""
+    """The weights' precision, and the K/V cache's where it differs from the activations' (`--kv-cache-dtype
+    bfloat16` changes the text and the speed: a reader of the table should see it)."""
     if runner.family != "specdec":
         return "fp32"
     names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}
     quantized = {"int8": "int8 W8A8", "int7": "int7 W7A8", "int4": "int4 W4A8"}.get(options.quantize or "")
     weights = quantized or names.get(getattr(torch, options.dtype), options.dtype)
-    cache = runner.llm.engine.runner.cache.dtype if hasattr(runner, "llm") else None
+    cache = runner.llm.engine.runner.cache.dtype
     activations = torch.float32 if quantized else getattr(torch, options.dtype)
-    return weights if cache in (None, activations) else f"{weights}, {names.get(cache, str(cache))} K/V"
+    return weights if cache == activations else f"{weights}, {names.get(cache, str(cache))} K/V"
 
 
 def _version(package: str) -> str:

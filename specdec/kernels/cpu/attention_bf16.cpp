@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(SPECDEC_BF16_DOT_ATTENTION)
@@ -99,18 +100,20 @@ inline void scores16(const uint32_t* const* qp, const uint32_t* kt, int64_t pair
 
 constexpr int kScoreQueries = 6;  // queries a score pass holds: 6 x 4 chains of the 32 registers
 
-// scores16 for `count` queries (count <= kScoreQueries) with G = count.
-inline void scores_block(int64_t count, const uint32_t* const* qp, const uint32_t* kt, int64_t pairs,
-                         float* const* out) {
+// `fn` with std::integral_constant<int, count> (1 <= count <= 6): the one dispatch from a block's query count to
+// the templates that take it (scores16, accumulate_step), as attention_rows.h's by_block for the float kernel.
+template <typename Fn>
+inline void by_count(int64_t count, Fn fn) {
   switch (count) {
-    case 6: return scores16<6>(qp, kt, pairs, out);
-    case 5: return scores16<5>(qp, kt, pairs, out);
-    case 4: return scores16<4>(qp, kt, pairs, out);
-    case 3: return scores16<3>(qp, kt, pairs, out);
-    case 2: return scores16<2>(qp, kt, pairs, out);
-    default: return scores16<1>(qp, kt, pairs, out);
+    case 6: return fn(std::integral_constant<int, 6>{});
+    case 5: return fn(std::integral_constant<int, 5>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    case 3: return fn(std::integral_constant<int, 3>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    default: return fn(std::integral_constant<int, 1>{});
   }
 }
+static_assert(kQueries <= 6 && kScoreQueries <= 6, "by_count dispatches blocks of up to six queries");
 
 // acc[g] += the step's values (vt, pack_values' layout) weighted by w[g]'s 32 entries, for G queries: four tiles
 // (64 dimensions) of accumulators in registers at a time, each lane one chain over the sixteen pairs in order.
@@ -146,18 +149,6 @@ inline void accumulate_step(const uint16_t* vt, const uint16_t* const* w, float*
   }
 }
 
-// accumulate_step for `count` queries (count <= kQueries) with G = count.
-inline void accumulate(int64_t count, const uint16_t* vt, const uint16_t* const* w, float* const* acc, int64_t d) {
-  switch (count) {
-    case 6: return accumulate_step<6>(vt, w, acc, d);
-    case 5: return accumulate_step<5>(vt, w, acc, d);
-    case 4: return accumulate_step<4>(vt, w, acc, d);
-    case 3: return accumulate_step<3>(vt, w, acc, d);
-    case 2: return accumulate_step<2>(vt, w, acc, d);
-    default: return accumulate_step<1>(vt, w, acc, d);
-  }
-}
-
 // Step `st` of the values for the listed queries (`ids`), in passes of kQueries.
 inline void accumulate_queries(const std::vector<int64_t>& ids, int64_t st, Scratch& s, int64_t width, int64_t d) {
   const uint16_t* w[kQueries];
@@ -168,7 +159,7 @@ inline void accumulate_queries(const std::vector<int64_t>& ids, int64_t st, Scra
       w[g] = s.w.data() + ids[k0 + g] * width + st * kStep;
       acc[g] = s.acc.data() + ids[k0 + g] * d;
     }
-    accumulate(count, s.vt.data(), w, acc, d);
+    by_count(count, [&](auto g) { accumulate_step<decltype(g)::value>(s.vt.data(), w, acc, d); });
   }
 }
 
@@ -219,7 +210,7 @@ void attend_rows(const float* q, float* out, int64_t r0, int64_t rows, int64_t q
         qp[g] = reinterpret_cast<const uint32_t*>(s.q.data() + (q0 + g) * d);
         out_rows[g] = s.scores.data() + (q0 + g) * width + j0;
       }
-      scores_block(count, qp, s.kt.data(), pairs, out_rows);
+      by_count(count, [&](auto g) { scores16<decltype(g)::value>(qp, s.kt.data(), pairs, out_rows); });
     }
   }
   // Each query's list (its visible new keys moved up behind the prefix), weights and denominator.
