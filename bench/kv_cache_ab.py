@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 
 from specdec.api import LLM
-from specdec.benchmarks.suite import OursRunner, SuiteOptions, encode_messages, run_prompt, select_prompts
+from specdec.benchmarks.suite import OursRunner, SuiteOptions, run_interleaved, select_prompts
 from specdec.config import EngineConfig
-from specdec.benchmarks.runs import Run, parse_methods
+from specdec.benchmarks.runs import parse_methods
 from specdec.kernels import cpu as cpu_kernels
 from specdec.models.loader import load_model
 
@@ -60,18 +59,7 @@ def main() -> None:
             llm = LLM.from_loaded(loaded, drafter, tree, quantize=args.quantize, engine_config=config)
             runners.append(((drafter + (f"|{tree}" if tree else ""), kv), OursRunner(drafter, drafter, llm)))
     prompts = select_prompts(options)
-    for _, runner in runners:  # warm-up as the suite's: 8 tokens of the first prompt
-        first = prompts[0].get("turns", [prompts[0].get("prompt")])[0]
-        runner.run(encode_messages(runner.llm, [{"role": "user", "content": first}]), 8, ignore_eos=False)
-    totals: dict[tuple[str, str], Run] = {}
-    tokens: dict[tuple[str, str], list[list[int]]] = {key: [] for key, _ in runners}
-    start = time.perf_counter()
-    for i, prompt in enumerate(prompts):
-        for key, runner in runners:
-            run = run_prompt(runner, prompt, runner.llm, options)
-            totals[key] = run if key not in totals else totals[key] + run
-            tokens[key].append(run.tokens)
-        print(f"prompt {i + 1}/{len(prompts)} ({time.perf_counter() - start:.0f} s)", flush=True)
+    totals, tokens = run_interleaved(runners, prompts, options)
     rate = {key: len(run.tokens) / run.seconds for key, run in totals.items()}
     rows = []
     for (method, kv), run in totals.items():

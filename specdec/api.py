@@ -19,6 +19,7 @@ from specdec.drafters.base import DrafterContext
 from specdec.drafters.registry import build_drafter
 from specdec.engine.engine import Engine
 from specdec.errors import ConfigError
+from specdec.models.huge_pages import move_to_huge_pages
 from specdec.models.loader import LoadedModel, load_model
 from specdec.engine.outputs import RequestOutput, output_of
 from specdec.engine.sequence import Sequence
@@ -105,6 +106,7 @@ class LLM:
             # The first use builds the compiled kernels (once per install, about a minute): here, with the
             # load, rather than inside the first request, where it read as a 100-second time to first token.
             cpu_kernels.available()
+            move_to_huge_pages(loaded.model)  # before the first forward caches the weights' plan
         self.engine_config = engine_config or EngineConfig()
         self._planners: dict[tuple[str, TreeSpec], SpeculationPlanner] = {}
         self.use(drafter, tree)
@@ -130,6 +132,9 @@ class LLM:
         drafts = "int8" if self.quantize in ("int4", "int7") else self.quantize
         ctx = DrafterContext(self.loaded, self.engine_config, model.device, model.dtype, drafts)
         new_drafter = build_drafter(drafter, ctx)
+        if model.device.type == "cpu":
+            for module in new_drafter.weights():
+                move_to_huge_pages(module)
         spec = parse_tree_spec(tree, self.engine_config.max_tree_nodes) if tree else new_drafter.default_tree()
         check_tree_size(spec, self.engine_config, "the tree has")
         # The planner's measurements (step cost, draft cost, acceptance) outlive an engine: switching drafters

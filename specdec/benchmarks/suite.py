@@ -30,6 +30,7 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -261,6 +262,25 @@ def run_prompt(runner, prompt: dict, llm: LLM, options: SuiteOptions) -> Run:
         total = run if total is None else total + run
     assert total is not None
     return total
+
+
+def run_interleaved(runners: list[tuple[Any, OursRunner]], prompts: list[dict],
+                    options: SuiteOptions) -> tuple[dict[Any, Run], dict[Any, list[list[int]]]]:
+    """The A/B benches' loop (bench/kv_cache_ab.py, bench/huge_pages_ab.py): a warm-up of 8 tokens each, then
+    every prompt through every keyed engine in turn, once; each key's summed run and its tokens per prompt."""
+    for _, runner in runners:
+        first = prompts[0].get("turns", [prompts[0].get("prompt")])[0]
+        runner.run(encode_messages(runner.llm, [{"role": "user", "content": first}]), 8, ignore_eos=False)
+    totals: dict[Any, Run] = {}
+    tokens: dict[Any, list[list[int]]] = {key: [] for key, _ in runners}
+    start = time.perf_counter()
+    for i, prompt in enumerate(prompts):
+        for key, runner in runners:
+            run = run_prompt(runner, prompt, runner.llm, options)
+            totals[key] = run if key not in totals else totals[key] + run
+            tokens[key].append(run.tokens)
+        print(f"prompt {i + 1}/{len(prompts)} ({time.perf_counter() - start:.0f} s)", flush=True)
+    return totals, tokens
 
 
 def run_suite(options: SuiteOptions, console: Console | None = None) -> dict:

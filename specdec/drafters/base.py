@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Callable, Protocol, TypeVar, runtime_checkable
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from specdec.config import EngineConfig
 from specdec.engine.sequence import Sequence
@@ -83,6 +83,10 @@ class Drafter(Protocol):
         """Free per-sequence state (finished, aborted or preempted sequences)."""
         ...
 
+    def weights(self) -> list[nn.Module]:
+        """The modules whose weights the drafter reads every step (moved onto huge pages at load)."""
+        ...
+
 
 @dataclass(frozen=True)
 class DrafterContext:
@@ -128,6 +132,11 @@ class DrafterBase:
 
     def free(self, state: object) -> None:
         """Give back what one sequence's state holds (blocks of a drafter's own cache, say)."""
+
+    def weights(self) -> list[nn.Module]:
+        """The modules whose weights this drafter reads every step (the LLM moves them onto huge pages:
+        specdec/models/huge_pages.py); none for drafters without a model."""
+        return []
 
     def slot(self, seq: Sequence, make: Callable[[], State]) -> State:
         """This drafter's state for `seq`, made on first use."""

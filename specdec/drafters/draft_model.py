@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterContext
@@ -63,6 +63,9 @@ class DraftModelDrafter(ModelDrafter):
 
     def default_tree(self) -> TreeSpec:
         return chain(self.k)
+
+    def weights(self) -> list[nn.Module]:
+        return [self.runner.model] + ([self.twin] if self.twin is not None else [])
 
     @property
     def vocab_size(self) -> int:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from specdec.config import EngineConfig
 from specdec.drafters.base import DrafterContext
@@ -97,6 +97,9 @@ class EagleDrafter(ModelDrafter):
 
     def default_tree(self) -> TreeSpec:
         return self._tree
+
+    def weights(self) -> list[nn.Module]:
+        return [self.predictor] + ([self.reduced] if self.reduced is not None else [])
 
     @property
     def vocab_size(self) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from specdec.drafters.base import Drafter, DrafterBase, DrafterContext
 from specdec.drafters.calibration import AcceptanceCalibration
@@ -99,6 +99,9 @@ class HybridDrafter(DrafterBase):
 
     def default_tree(self) -> TreeSpec:
         return cpu_kernels.by_row_price(DEFAULT_TREE, VNNI_ROWS_TREE, FLAT_ROWS_TREE)
+
+    def weights(self) -> list[nn.Module]:
+        return [module for _, part in self.parts for module in part.weights()]
 
     # ----------------------------------------------------------------------------------------- proposals
     def propose(self, seqs: list[Sequence], spec: TreeSpec) -> list[TokenTree]:

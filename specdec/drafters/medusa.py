@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from specdec.drafters.base import DrafterBase, DrafterContext
 from specdec.drafters.heads.medusa_heads import MedusaHeads, load_heads, shipped_heads_dir
@@ -63,6 +63,9 @@ class MedusaDrafter(DrafterBase):
     def __init__(self, heads: MedusaHeads, ids: Tensor | None = None) -> None:
         self.heads = heads
         self.ids = ids  # [N] target id of each draft id when the heads score a reduced vocabulary (vocab=N)
+
+    def weights(self) -> list[nn.Module]:
+        return [self.heads, *(m for m in self.heads._shared if isinstance(m, nn.Module))]
 
     def default_tree(self) -> TreeSpec:
         return parse_tree_spec(cpu_kernels.by_row_price(NARROW_TREE, NARROW_TREE, FLAT_ROWS_TREE,
