@@ -31,6 +31,7 @@ from rich.table import Table
 
 from specdec import LLM, SamplingParams
 from specdec.data import bench_prompts
+from specdec.models import huge_pages
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES = {  # name: (our dtype, our quantization, transformers dtype to compare with)
@@ -42,9 +43,14 @@ MODES = {  # name: (our dtype, our quantization, transformers dtype to compare w
 
 
 def copy_bandwidth(gib: float = 0.5, reps: int = 5) -> float:
-    """Bytes per second moved by a large tensor copy (read + write)."""
-    src = torch.empty(int(gib * 2**30) // 4, dtype=torch.float32).fill_(1.0)
-    dst = torch.empty_like(src)
+    """Bytes per second moved by a large tensor copy (read + write), on huge pages as the weights are
+    (specdec/models/huge_pages.py) where the system has them."""
+    n = int(gib * 2**30)
+    if huge_pages.supported():
+        src, dst = (huge_pages.huge_page_bytes(n).view(torch.float32) for _ in range(2))
+    else:
+        src, dst = (torch.empty(n // 4, dtype=torch.float32) for _ in range(2))
+    src.fill_(1.0)
     times = []
     for _ in range(reps):
         start = time.perf_counter()
@@ -60,8 +66,9 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
     seen, total = set(), 0
     for module in model.modules():
-        if isinstance(module, QLinear):
-            total += sum(b.numel() * b.element_size() for name, b in module.named_buffers() if name != "bias")
+        if isinstance(module, QLinear):  # the 16-channel blocks where the kernels read them, else the tiles
+            skip = {"bias", "weight" if module.bits != 4 and module.weight_blocks is not None else "weight_blocks"}
+            total += sum(b.numel() * b.element_size() for name, b in module.named_buffers() if name not in skip)
             continue
         if isinstance(module, Int8DynamicLinear):  # int8 weights, one byte each (+ fp32 per-channel scales)
             total += module.in_features * module.out_features + 4 * module.out_features
