@@ -49,8 +49,24 @@ def huge_page_bytes(nbytes: int) -> Tensor:
     return whole[start:start + nbytes]
 
 
+def _streamed(module: nn.Module) -> set[int]:
+    """ids of the tensors a step reads whole: every parameter and buffer but an embedding's (one row a token is
+    read; a weight tied to an LM head is streamed by the head, which holds it too) and those a module names
+    in `cold_tensors()` (QLinear's 4-channel tiles where the kernels read its 16-channel blocks)."""
+    hot: set[int] = set()
+    for sub in module.modules():
+        if isinstance(sub, nn.Embedding):
+            continue
+        cold = set(sub.cold_tensors()) if hasattr(sub, "cold_tensors") else set()
+        for name, tensor in (*sub.named_parameters(recurse=False), *sub.named_buffers(recurse=False)):
+            if name not in cold and tensor is not None:
+                hot.add(id(tensor))
+    return hot
+
+
 def _storages(module: nn.Module) -> dict[int, list[Tensor]]:
-    """The module's CPU parameters and buffers grouped by the storage they live in (by its address)."""
+    """The module's CPU parameters and buffers grouped by the storage they live in (by its address), for the
+    storages that hold a streamed tensor (`_streamed`)."""
     groups: dict[int, list[Tensor]] = {}
     seen: set[int] = set()
     for tensor in (*module.parameters(), *module.buffers()):
@@ -60,13 +76,14 @@ def _storages(module: nn.Module) -> dict[int, list[Tensor]]:
             continue
         seen.add(id(tensor))
         groups.setdefault(tensor.untyped_storage().data_ptr(), []).append(tensor)
-    return groups
+    hot = _streamed(module)
+    return {ptr: tensors for ptr, tensors in groups.items() if any(id(t) in hot for t in tensors)}
 
 
 @torch.no_grad()
 def move_to_huge_pages(module: nn.Module) -> int:
-    """Copy every CPU parameter and buffer of `module` into one huge-page arena; returns the bytes moved (0 if
-    unsupported). Call it before the first forward: a cached plan that copied raw addresses would go stale."""
+    """Copy the CPU parameters and buffers a step streams (`_streamed`) into one huge-page arena; returns the
+    bytes moved (0 if unsupported). Call it before the first forward: a cached plan that copied raw addresses would go stale."""
     if not supported():
         return 0
     groups = _storages(module)

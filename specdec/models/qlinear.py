@@ -80,6 +80,12 @@ class QLinear(nn.Module):
             self.register_buffer("m_t", scales[1])
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.float32).contiguous().clone())
 
+    def cold_tensors(self) -> tuple[str, ...]:
+        """Buffers no decode step reads here (specdec/models/huge_pages.py leaves them on ordinary pages): the
+        4-channel tiles where the kernels read the 16-channel blocks instead (qlinear.cpp's `blocked`)."""
+        blocked = self.bits != 4 and self.weight_blocks is not None and cpu_kernels.blocked_weights()
+        return ("weight",) if blocked else ()
+
     @staticmethod
     def supports(in_features: int) -> bool:
         return in_features % GROUP == 0

@@ -13,10 +13,10 @@ from specdec.drafters.hybrid import HybridDrafter
 from specdec.drafters.suffix import SuffixDrafter
 from specdec.models import huge_pages
 from specdec.models.huge_pages import move_to_huge_pages
-from specdec.models.loader import LoadedModel
+from specdec.models.loader import LoadedModel, build_model
 from specdec.models.quant import quantize_model_int8_
 from tests.drafters.test_eagle import random_predictor
-from tests.helpers import NoTokenizer, tiny_model
+from tests.helpers import NoTokenizer, tiny_config, tiny_model
 
 pytestmark = pytest.mark.skipif(not huge_pages.supported(), reason="no transparent huge pages on this system")
 
@@ -58,6 +58,26 @@ def test_weights_keep_values_identity_and_sharing():
     with torch.no_grad():
         model.embed_tokens.weight[1, 0] = 7.0  # still one storage: a write through one is seen by the others
     assert model.first_row[0] == 7.0 and model.lm_head.weight[1, 0] == 7.0
+
+
+def test_what_no_step_streams_stays_put():
+    """An untied embedding (one row read a token) and, where the kernels read QLinear's 16-channel blocks, its
+    4-channel tiles are left where they are; everything else moves."""
+    from specdec.kernels import cpu as cpu_kernels
+
+    model = build_model(tiny_config(hidden=64, heads=2, kv_heads=1), None, torch.float32, torch.device("cpu"), seed=5)
+    quantize_model_int8_(model)  # 64-wide rows: QLinear keeps 16-channel blocks on AVX-512
+    embedding = model.embed_tokens.weight.data_ptr()
+    assert move_to_huge_pages(model) > 0
+    assert model.embed_tokens.weight.data_ptr() == embedding
+    linear = model.layers[0].mlp.down_proj
+    in_arena = {name: buf.untyped_storage().data_ptr() in huge_pages._ARENAS for name, buf in linear.named_buffers()
+                if buf is not None}
+    assert in_arena["weight_scale"]
+    if linear.weight_blocks is not None and cpu_kernels.blocked_weights():
+        assert in_arena["weight_blocks"] and not in_arena["weight"]
+    else:
+        assert in_arena["weight"]
 
 
 def test_a_second_call_moves_only_new_tensors_and_off_moves_nothing(monkeypatch):
