@@ -75,7 +75,7 @@ def _storages(module: nn.Module) -> dict[int, list[Tensor]]:
                 or storage.data_ptr() in _ARENAS):
             continue
         seen.add(id(tensor))
-        groups.setdefault(tensor.untyped_storage().data_ptr(), []).append(tensor)
+        groups.setdefault(storage.data_ptr(), []).append(tensor)
     hot = _streamed(module)
     return {ptr: tensors for ptr, tensors in groups.items() if any(id(t) in hot for t in tensors)}
 
@@ -83,13 +83,14 @@ def _storages(module: nn.Module) -> dict[int, list[Tensor]]:
 @torch.no_grad()
 def move_to_huge_pages(module: nn.Module) -> int:
     """Copy the CPU parameters and buffers a step streams (`_streamed`) into one huge-page arena; returns the
-    bytes moved (0 if unsupported). Call it before the first forward: a cached plan that copied raw addresses would go stale."""
+    bytes moved (0 if unsupported or under MIN_BYTES). Tensors keep their objects, so plans that hold them (the
+    fast path's LayerWeights) follow; call it at load all the same, before anything could copy an address."""
     if not supported():
         return 0
     groups = _storages(module)
     sizes = {ptr: -(-tensors[0].untyped_storage().nbytes() // ALIGN) * ALIGN for ptr, tensors in groups.items()}
     total = sum(sizes.values())
-    if total < MIN_BYTES or not total:
+    if not total or total < MIN_BYTES:
         return 0
     arena = huge_page_bytes(total)
     _ARENAS.add(arena.untyped_storage().data_ptr())
