@@ -129,3 +129,34 @@ def test_the_default_llm_moves_the_shipped_eagle_head(default_llm):
                 assert tensor.untyped_storage().data_ptr() in huge_pages._ARENAS
     finally:
         default_llm.use("none")
+
+
+def test_a_move_after_the_first_forward_is_followed_by_the_cached_plan(monkeypatch):
+    """The fast path's LayerWeights hold the tensors themselves, so weights moved after it was built are read at
+    their new place: a change written into the moved weights shows in the next generation, as it does in a
+    model changed before its first forward."""
+    monkeypatch.setenv("SPECDEC_HUGE_PAGES", "0")
+    params = SamplingParams(max_new_tokens=10, temperature=0.0, ignore_eos=True)
+
+    def llm_of(seed: int) -> tuple[LLM, LoadedModel]:
+        loaded = LoadedModel(tiny_model(seed), NoTokenizer(), "dummy:tiny")
+        quantize_model_int8_(loaded.model)
+        loaded.quantized = "int8"
+        return LLM.from_loaded(loaded, "none", quantize="int8"), loaded
+
+    def amplify_mlps(model) -> None:  # every MLP's output scaled up: a different model, visibly
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.mlp.down_proj.weight_scale.mul_(1000.0)
+
+    reference_llm, reference = llm_of(6)
+    amplify_mlps(reference.model)
+    expected = [out.token_ids for out in reference_llm.generate([[1, 2, 3]], params)]
+    llm, loaded = llm_of(6)
+    before = [out.token_ids for out in llm.generate([[1, 2, 3]], params)]  # builds and caches the plan
+    assert before != expected
+    monkeypatch.setenv("SPECDEC_HUGE_PAGES", "1")
+    assert move_to_huge_pages(loaded.model) > 0
+    assert loaded.model.layers[1].mlp.down_proj.weight_scale.untyped_storage().data_ptr() in huge_pages._ARENAS
+    amplify_mlps(loaded.model)
+    assert [out.token_ids for out in llm.generate([[1, 2, 3]], params)] == expected
