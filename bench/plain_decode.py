@@ -66,8 +66,8 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
     seen, total = set(), 0
     for module in model.modules():
-        if isinstance(module, QLinear):  # the 16-channel blocks where the kernels read them, else the tiles
-            skip = {"bias", "weight" if module.bits != 4 and module.weight_blocks is not None else "weight_blocks"}
+        if isinstance(module, QLinear):  # what the kernels read: not the tiles beside the blocks (cold_tensors)
+            skip = {"bias", *module.cold_tensors()}
             total += sum(b.numel() * b.element_size() for name, b in module.named_buffers() if name not in skip)
             continue
         if isinstance(module, Int8DynamicLinear):  # int8 weights, one byte each (+ fp32 per-channel scales)
