@@ -34,10 +34,19 @@ MIN_BYTES = HUGE_PAGE  # smaller modules stay put: less than a huge page's worth
 _ARENAS: set[int] = set()
 
 
+THP_POLICY = "/sys/kernel/mm/transparent_hugepage/enabled"  # "always [madvise] never": the bracket is in force
+
+
 def supported() -> bool:
-    """Whether weights can be moved onto advised huge pages in this process."""
-    return (os.environ.get("SPECDEC_HUGE_PAGES", "") != "0" and hasattr(mmap, "MADV_HUGEPAGE")
-            and os.path.exists("/sys/kernel/mm/transparent_hugepage/enabled"))
+    """Whether weights can be moved onto advised huge pages in this process: Linux with transparent huge pages
+    not set to `never` (where the move would copy for nothing), and not turned off by SPECDEC_HUGE_PAGES=0."""
+    if os.environ.get("SPECDEC_HUGE_PAGES", "") == "0" or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return False
+    try:
+        with open(THP_POLICY) as policy:
+            return "[never]" not in policy.read()
+    except OSError:  # no such file: a kernel without transparent huge pages, or not Linux
+        return False
 
 
 def huge_page_bytes(nbytes: int) -> Tensor:
@@ -45,7 +54,10 @@ def huge_page_bytes(nbytes: int) -> Tensor:
 
     The mapping lives as long as the tensor or any view of it (torch.frombuffer keeps the buffer alive)."""
     mapping = mmap.mmap(-1, nbytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    mapping.madvise(mmap.MADV_HUGEPAGE)
+    try:
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # a kernel that refuses the advice: ordinary pages, still one mapping
+        pass
     whole = torch.frombuffer(mapping, dtype=torch.uint8)
     start = -whole.data_ptr() % HUGE_PAGE
     return whole[start:start + nbytes]

@@ -160,3 +160,18 @@ def test_a_move_after_the_first_forward_is_followed_by_the_cached_plan(monkeypat
     assert loaded.model.layers[1].mlp.down_proj.weight_scale.untyped_storage().data_ptr() in huge_pages._ARENAS
     amplify_mlps(loaded.model)
     assert [out.token_ids for out in llm.generate([[1, 2, 3]], params)] == expected
+
+
+def test_nothing_moves_where_the_system_gives_no_huge_pages(monkeypatch, tmp_path):
+    """Transparent huge pages set to `never`, or absent: no copy for nothing, and the model stays as it was."""
+    policy = tmp_path / "enabled"
+    policy.write_text("always madvise [never]\n")
+    monkeypatch.setattr(huge_pages, "THP_POLICY", str(policy))
+    assert not huge_pages.supported()
+    model = tiny_model(8)
+    where = model.layers[0].mlp.down_proj.weight.data_ptr()
+    assert move_to_huge_pages(model) == 0 and model.layers[0].mlp.down_proj.weight.data_ptr() == where
+    policy.write_text("always [madvise] never\n")
+    assert huge_pages.supported()
+    monkeypatch.setattr(huge_pages, "THP_POLICY", str(tmp_path / "missing"))
+    assert not huge_pages.supported()
