@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from specdec.api import LLM
+from specdec.benchmarks.command import command_line
 from specdec.benchmarks.runs import parse_methods
 from specdec.benchmarks.suite import OursRunner, SuiteOptions, run_interleaved, select_prompts
 from specdec.models import huge_pages
@@ -75,8 +76,7 @@ def main() -> None:
                      "tau": run.decoded / max(run.steps, 1), "ms_per_step": 1000 * run.seconds / max(run.steps, 1),
                      "same_tokens_both_pages": sum(a == b for a, b in zip(tokens[(method, pages)],
                                                                           tokens[(method, PAGES[0])]))})
-    result = {"command": "OMP_NUM_THREADS=1 python bench/huge_pages_ab.py " + " ".join(
-                  f"--{k.replace('_', '-')} '{v}'" for k, v in vars(args).items()),
+    result = {"command": command_line("bench/huge_pages_ab.py", ap, args, env="OMP_NUM_THREADS=1"),
               "prompts": len(prompts), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from specdec.api import LLM
+from specdec.benchmarks.command import command_line
 from specdec.benchmarks.suite import OursRunner, SuiteOptions, run_interleaved, select_prompts
 from specdec.config import EngineConfig
 from specdec.benchmarks.runs import parse_methods
@@ -71,8 +72,7 @@ def main() -> None:
                      "same_as_plain": sum(a == b for a, b in zip(tokens[(method, kv)], tokens[plain])),
                      "same_as_float32_cache": sum(a == b for a, b in zip(tokens[(method, kv)],
                                                                          tokens[(method, "float32")]))})
-    result = {"command": "OMP_NUM_THREADS=1 python bench/kv_cache_ab.py " + " ".join(
-                  f"--{k.replace('_', '-')} '{v}'" for k, v in vars(args).items()),
+    result = {"command": command_line("bench/kv_cache_ab.py", ap, args, env="OMP_NUM_THREADS=1"),
               "prompts": len(prompts), "rows": rows}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specdec import LLM, SamplingParams
+from specdec.benchmarks.command import command_line
 from specdec.data import bench_prompts
 from specdec.models import huge_pages
 
@@ -193,9 +194,7 @@ def main() -> None:
               "prompt_tokens": [len(ids) for ids in encoded], "reps": args.reps, "threads": args.threads,
               "copy_bandwidth_gb_s": bandwidth / 1e9, "rows": rows,
               "llama_cpp_per_prompt_tok_s": speeds["llama.cpp"] or None,
-              "command": "python bench/plain_decode.py " + " ".join(
-                  f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "llama_cpp"))
-              + (" --llama-cpp" if args.llama_cpp else "")}
+              "command": command_line("bench/plain_decode.py", parser, args, skip=("out",))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     table = Table(title=f"plain decode, batch 1, greedy, {args.new_tokens} new tokens, {args.threads} thread(s), "

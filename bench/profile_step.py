@@ -37,6 +37,7 @@ from torch import nn
 
 from specdec import kernels
 from specdec.api import LLM
+from specdec.benchmarks.command import command_line
 from specdec.kernels import cpu as cpu_kernels
 from specdec.models import fast_path
 from specdec.config import EngineConfig, SamplingParams
@@ -295,10 +296,7 @@ def main() -> None:
     print_table(rows, args)
     result = {"target": args.target, "threads": args.threads, "steps": args.steps, "rounds": args.rounds,
               "alpha": args.alpha, "rows": rows,
-              "command": "python bench/profile_step.py " + " ".join(
-                  f"--{k.replace('_', '-')} {json.dumps(v) if isinstance(v, str) and ',' in v else v}"
-                  for k, v in vars(args).items() if k not in ("out", "ops", "tree")) +
-              "".join(f' --tree "{t}"' for t in trees)}
+              "command": command_line("bench/profile_step.py", parser, args, skip=("out",))}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(f"wrote {args.out}")

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import shlex
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -27,6 +26,7 @@ import torch
 from rich.console import Console
 
 from specdec import LLM, SamplingParams
+from specdec.benchmarks.command import command_line
 from specdec.config import EngineConfig
 from specdec.data import bench_prompts
 from specdec.engine.engine import Engine
@@ -198,10 +198,7 @@ def main() -> None:
         "prompt_tokens": [len(ids) for ids in encoded], "threads": 1, "llama_cpp_build": build,
         "speculative_equals_plain": not mismatches, "mismatches": mismatches,
         "machine": platform.processor() or platform.machine(), "shared_machine": True, "runs": runs,
-        "command": "OMP_NUM_THREADS=1 python bench/qwen_pair.py " + " ".join(
-            f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in vars(args).items()
-            if k not in ("out", "no_llama_cpp", "adaptive")) + (" --no-llama-cpp" if args.no_llama_cpp else "")
-        + (" --adaptive" if args.adaptive else ""),
+        "command": command_line("bench/qwen_pair.py", parser, args, skip=("out",), env="OMP_NUM_THREADS=1"),
     })
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from specdec import LLM, SamplingParams
+from specdec.benchmarks.command import command_line
 from specdec.data import CATEGORIES, bench_prompts
 from specdec.benchmarks.runs import parse_methods
 from specdec.models.loader import load_model
@@ -132,8 +133,7 @@ def main() -> None:
     for precision in [p.strip() for p in args.precisions.split(",")]:
         rows += run_precision(precision, args, methods, prompts, console)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    command = "python bench/speculative.py " + " ".join(
-        f"--{k.replace('_', '-')} '{v}'" for k, v in vars(args).items() if k != "out")
+    command = command_line("bench/speculative.py", parser, args, skip=("out",))
     table = markdown(rows)
     args.out.with_suffix(".json").write_text(json.dumps({"command": command, "rows": rows}, indent=2))
     args.out.with_suffix(".md").write_text(f"Command: `{command}`\n\n{table}\n")

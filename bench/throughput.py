@@ -34,6 +34,7 @@ from rich.progress import Progress
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdec import LLM, EngineConfig, SamplingParams  # noqa: E402
+from specdec.benchmarks.command import command_line  # noqa: E402
 from specdec.data import bench_prompts  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -186,10 +187,7 @@ def main() -> None:
             row["forward_tokens_vs_plain"] = row["forward_tokens"] / plain["forward_tokens"]
         row["vs_transformers"] = row["tok_s"] / peer["tok_s"] if peer else None
 
-    command = "python bench/throughput.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("out", "no_transformers"))
-    if args.no_transformers:
-        command += " --no-transformers"
+    command = command_line("bench/throughput.py", parser, args, skip=("out",))
     result = {"target": args.target, "new_tokens": args.new_tokens, "threads": args.threads, "rows": rows,
               "command": command}
     args.out.parent.mkdir(parents=True, exist_ok=True)
