@@ -20,6 +20,7 @@ from rich.progress import Progress
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specdec import LLM  # noqa: E402
+from specdec.benchmarks.command import command_line  # noqa: E402
 from specdec.data import CATEGORIES, bench_prompts  # noqa: E402
 from specdec.training.common import measure_tau  # noqa: E402
 
@@ -56,8 +57,7 @@ def main() -> None:
                          **measure_tau(loaded, drafter, tree or None, prompts, args.new_tokens,
                                        args.kv_cache_dtype)})
             progress.advance(task)
-    command = (f"python bench/heldout_tau.py --quantize {args.quantize} --per-category {args.per_category} "
-               f"--new-tokens {args.new_tokens}{' --split dev' if args.split == 'dev' else ''} --kv-cache-dtype {args.kv_cache_dtype} --methods '{args.methods}'")
+    command = command_line("bench/heldout_tau.py", parser, args, skip=("out",))
     result = {"target": args.target, "prompts": len(prompts), "quantize": args.quantize, "rows": rows,
               "command": command}
     args.out.parent.mkdir(parents=True, exist_ok=True)

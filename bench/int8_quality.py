@@ -26,6 +26,7 @@ import torch
 from rich.console import Console
 
 from specdec import LLM, SamplingParams
+from specdec.benchmarks.command import command_line
 from specdec.config import EngineConfig
 from specdec.data import CATEGORIES, bench_prompts
 from specdec.kvcache import BlockTable
@@ -89,9 +90,7 @@ def main() -> None:
             f"identical_free_answers{tail}": same_answers[q] / len(prompts),
             f"mean_loglik_fp32_text_under_{q.replace('@', '_kv_')}": sum(ll[q]) / len(ll[q]),
         })
-    result["command"] = (f"python bench/int8_quality.py --per-category {args.per_category} --new-tokens "
-                         f"{args.new_tokens} --split {args.split}"
-                         + (f" --quantize {args.quantize} --out {args.out}" if args.quantize != "int8" else ""))
+    result["command"] = command_line("bench/int8_quality.py", parser, args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     console.print_json(json.dumps(result))

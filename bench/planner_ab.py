@@ -18,6 +18,7 @@ import torch
 from rich.console import Console
 
 from specdec.benchmarks import suite
+from specdec.benchmarks.command import command_line
 from specdec.models.loader import load_model
 
 
@@ -53,8 +54,7 @@ def main() -> None:
             decoded[runner.key] += run.decoded
             steps[runner.key] += run.steps
     plain = tokens[runners[0].key] / seconds[runners[0].key]
-    command = (f"OMP_NUM_THREADS=1 python bench/planner_ab.py --target {args.target} --methods '{args.methods}' "
-               f"--split {args.split} --max-new-tokens {args.max_new_tokens}")
+    command = command_line("bench/planner_ab.py", parser, args, skip=("out",), env="OMP_NUM_THREADS=1")
     lines = [f"Planned against full trees, {len(prompts)} {args.split} prompts, int8, batch 1, one thread", "",
              "| method | tok/s | over plain | tau |", "|---|---|---|---|"]
     for runner in runners:

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from specdec.api import LLM
+from specdec.benchmarks.command import command_line
 from specdec.config import EngineConfig, SamplingParams
 from specdec.data import CATEGORIES, bench_prompts
 
@@ -99,10 +100,7 @@ def main() -> None:
                      "draft_share_of_verify": round(t["draft_s"] / max(1e-9, t["verify_s"]), 4),
                      "tau": round(t["accepted"] / max(1, t["steps"]), 3),
                      "same_as_plain": f"{t['same']}/{len(prompts)}"})
-    command = (f"OMP_NUM_THREADS=1 python bench/recycle_warm.py --split {args.split} --per-category "
-               f"{args.per_category} --new-tokens {args.new_tokens} --methods '{args.methods}'"
-               + (" --no-adaptive" if args.no_adaptive else "")
-               + (f" --quantize {args.quantize}" if args.quantize != "int8" else ""))
+    command = command_line("bench/recycle_warm.py", parser, args, skip=("out",), env="OMP_NUM_THREADS=1")
     lines = [f"Command: `{command}`", "", f"{len(prompts)} {args.split} prompts, each method on a fresh drafter per "
              f"request, interleaved; {time.strftime('%Y-%m-%d %H:%M')}.", "",
              f"| weights | method | tok/s | over plain | over {formats[0]} plain | tau (planner "

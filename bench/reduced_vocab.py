@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from specdec import LLM
+from specdec.benchmarks.command import command_line
 from specdec.drafters.heads.reduced_vocab import VOCAB_DIR, draft_vocab, reduced_from
 from specdec.models.quant import quantize_int8_
 from specdec.training.common import measure_tau
@@ -72,8 +73,7 @@ def main() -> None:
         tau = measure_tau(loaded, spec, None, held, args.new_tokens)["tau"]
         rows.append({"vocab": n or vocab, "ms_1": costs[n][1], "ms_4": costs[n][4], "ms_8": costs[n][8], "tau": tau})
         print(rows[-1], flush=True)
-    command = (f"python bench/reduced_vocab.py --sizes {args.sizes} --prompts {args.prompts} "
-               f"--new-tokens {args.new_tokens} --drafter {args.drafter}")
+    command = command_line("bench/reduced_vocab.py", parser, args, skip=("out",))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"rows": rows, "held_out_prompts": len(held), "corpus_records": len(records),
                                     "command": command}, indent=2) + "\n")
