@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,7 +113,8 @@ def summarize(steps: list[Step], budgets: list[int], part_names: list[str]) -> t
         full = step.seq.prompt_ids + step.seq.output_ids
         continuation = full[step.position: step.position + 64]
         totals["steps"] += 1
-        totals["verified"] += len(followed(_subtree(step.merged, step.verified), continuation))
+        verified = set(step.verified)  # a depth cut of the merged tree: its followed path's verified nodes lead
+        totals["verified"] += len(list(itertools.takewhile(verified.__contains__, followed(step.merged, continuation))))
         depth = len(followed(step.pool, continuation))
         totals["pool"] += depth
         for budget in budgets:
@@ -127,14 +129,6 @@ def summarize(steps: list[Step], budgets: list[int], part_names: list[str]) -> t
             entry[0] += 1
             entry[1] += node in accepted
     return totals, dict(kinds)
-
-
-def _subtree(tree: MergedTree, nodes: list[int]) -> MergedTree:
-    keep = [0] + nodes
-    index = {old: new for new, old in enumerate(keep)}
-    return MergedTree([tree.tokens[i] for i in keep], [-1] + [index[tree.parents[i]] for i in nodes],
-                      [tree.depths[i] for i in keep], [tree.sources[i] for i in keep], [tree.raw[i] for i in keep],
-                      [tree.probs[i] for i in keep])
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """The command line that reruns a bench script with the arguments it ran with, for its results file.
 
-Every committed result carries the command that produced it. Seven scripts used to spell that command each
+Every committed result carries the command that produced it. Twelve scripts used to spell that command each
 their own way, and some spellings did not rerun: a value with a space or a semicolon unquoted (`--methods
 none;suffix` ends the command at the semicolon), one quoted with `'...'` broken by a quote inside it, and
 `store_true` flags either written as `--flag True` (which argparse refuses) or left out by hand. Here the
@@ -38,8 +38,6 @@ def command_line(script: str, parser: argparse.ArgumentParser, args: argparse.Na
         elif isinstance(action, argparse._AppendAction):
             for item in value or ():
                 words += [option, shlex.quote(str(item))]
-        elif isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
-            continue
         elif value is not None:
             words += [option, shlex.quote(str(value))]
     return " ".join(words)
