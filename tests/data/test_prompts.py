@@ -149,6 +149,20 @@ def test_train_corpus_disjoint_from_bench():
             assert _norm(t) not in bench_turns, r["id"]
 
 
+def test_written_prompts_stay_clear_of_bench_paraphrases(tmp_path, monkeypatch):
+    """A hand-written prompt that rewords a bench prompt is refused; the shipped ones all pass (build() runs)."""
+    from tools import make_train_prompts as tool
+
+    bench = [tool.content_words(r["prompt"]) for r in bench_prompts()]
+    test_qa = bench_prompts(["qa"], "test")[0]["prompt"]
+    assert tool.closest_bench(test_qa.replace("?", " exactly?"), bench) >= tool.WRITTEN_OVERLAP
+    assert tool.closest_bench("How do submarines control their depth under water?", bench) < tool.WRITTEN_OVERLAP
+    (tmp_path / "qa.jsonl").write_text(json.dumps({"category": "qa", "prompt": test_qa.upper() + " Briefly."}) + "\n")
+    monkeypatch.setattr(tool, "WRITTEN", tmp_path)
+    with pytest.raises(ValueError, match="too close to a bench prompt"):
+        tool.build()
+
+
 def test_train_corpus_matches_generator():
     from tools import make_train_prompts
 
