@@ -5,12 +5,12 @@ The corpus is built from hand-written templates and topic banks for the same 7 c
 carry long invented passages (articles, meeting notes, tool documentation, announcements, study reports,
 stories; 3-4 numbered retrieved documents). Nothing is copied from a public dataset.
 
-After the generated prompts come the hand-written ones in `tools/written_prompts/<category>.jsonl` (1,000
+After the generated prompts come the hand-written ones in `tools/written_prompts/<category>.jsonl` (971
 prompts added at stop 52: free-form questions, chats, translations, word problems, passages and document sets
 that no template produces, because a head trained on templated prompts agreed with the target on 0.38-0.49 of
-the held-out test answers' positions in summarisation, qa and retrieval against 0.51-0.68 on its own training
-prompts). They keep the ids after the generated ones, so a corpus built before them resumes with only the new
-prompts to answer.
+the held-out test answers' positions in summarisation, qa and retrieval against 0.51-0.68 on its own templated
+training prompts). They keep the ids after the generated ones, so a corpus built before them resumes with only
+the new prompts to answer.
 
 Output is deterministic: every random choice comes from `random.Random` seeded per category, and the file is
 written in a fixed order with ids `train-0001`, `train-0002`, ... Generation fails if any prompt repeats, or
