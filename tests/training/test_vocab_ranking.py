@@ -20,7 +20,7 @@ def write_sharegpt(path: Path, firsts: list[str]) -> Path:
 
 def test_the_ranking_counts_the_prompts_text(default_model, tmp_path):
     tokenizer = default_model.tokenizer
-    firsts = [f"Tell me about zebra {i}:" + " zebra" * 12 for i in range(100)]
+    firsts = [f"Tell me about zebra {i}:" + " zebra" * 40 for i in range(100)]  # above the training prompts' words
     out = tmp_path / "ranking.safetensors"
     result = run_cli("data", "vocab", "--target", "smollm2-135m", "--from-prompts", "--sharegpt",
                      str(write_sharegpt(tmp_path / "sharegpt.json", firsts)), "--out", str(out))
