@@ -68,9 +68,6 @@ def main() -> None:
         [record["prompt"]], SamplingParams(max_new_tokens=args.new_tokens, temperature=0))[0].token_ids))
         for category in CATEGORIES for record in bench_prompts([category], args.split)[: args.per_category]]
     groups = corpus_answers(args.corpus, args.corpus_per_group, args.new_tokens) if args.corpus else []
-    for group, _, _ in groups:
-        for i in range(len(heads)):
-            every.setdefault((group, i), [])
     for category, prompt, answer in answers + groups:
         seq = torch.tensor([prompt + answer])
         with torch.inference_mode():
@@ -84,7 +81,7 @@ def main() -> None:
                                  DenseAttention(1, pairs, model.config.layer))
                 guess = ids[(out_rows @ rows.T).argmax(-1)]
                 hits = (guess[at] == seq[0, at + 2]).tolist()
-                every[(category, i)] += hits
+                every.setdefault((category, i), []).extend(hits)  # corpus groups get their rows here
                 if (category, i) in walked:
                     walked[(category, i)] += chain1_walk(hits)
     names = " | ".join(f"`{h}`" for h in heads)
