@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from specdec.errors import SpecdecError
 from specdec.training.common import Corpus, mixed_corpus
 from specdec.training.corpus_store import is_held_out, iter_records, read_manifest
 
@@ -43,6 +44,14 @@ def as_corpus(records: list[dict]) -> Corpus:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return mix(argv)
+    except SpecdecError as exc:  # a missing folder or manifest: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def mix(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="corpus.pt to write")
     parser.add_argument("--mix", action="append", default=[], help="FOLDER[@N]: shuffled together (repeatable)")

@@ -42,3 +42,9 @@ def test_corpora_of_different_tokenizers_are_refused(tmp_path, capsys):
     assert mix_corpus.main(["--out", str(tmp_path / "c.pt"), "--mix", str(a), "--append", str(b)]) == 1
     assert "different tokenizers" in capsys.readouterr().err
     assert not (tmp_path / "c.pt").exists()
+
+
+def test_a_folder_that_is_not_a_corpus_is_one_error_line(tmp_path, capsys):
+    assert mix_corpus.main(["--out", str(tmp_path / "c.pt"), "--mix", str(tmp_path / "nowhere")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "not a specdec corpus" in err and "Traceback" not in err
