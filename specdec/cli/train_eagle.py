@@ -44,6 +44,9 @@ def command(kind: str):
                                           "drafter's default vocab=N (0: the full vocabulary)."),
         unroll: int = typer.Option(1, help="EAGLE-1/2: passes per batch, each after the first on the predictor's "
                                            "own features, as deeper drafts read them (training-time test)."),
+        topk_loss: int = typer.Option(0, help="EAGLE-1/2: add HASS's top-K distillation term over the target's K "
+                                              "likeliest tokens (0: off)."),
+        topk_weight: float = typer.Option(1.0, help="EAGLE-1/2: weight of the top-K term."),
         teacher_bf16: bool = typer.Option(False, help="bf16 autocast for the target's feature pass."),
         train_bf16: bool = typer.Option(False, help="bf16 autocast while training."),
         device: str = typer.Option("cpu", help="cpu or cuda[:N]."),
@@ -64,13 +67,17 @@ def command(kind: str):
                                    val_prompts=val_prompts, seed=seed, draft_vocab=draft_vocab, ttt_steps=ttt_steps,
                                    ce_fraction=ce_fraction, ce_weight=ce_weight, vocab=vocab,
                                    init_from=str(init_from) if init_from else None, teacher_bf16=teacher_bf16,
-                                   train_bf16=train_bf16, unroll=unroll)
+                                   train_bf16=train_bf16, unroll=unroll, topk_loss=topk_loss,
+                                   topk_weight=topk_weight)
             for name in ("max_prompts", "new_tokens", "steps", "batch_size", "val_prompts", "draft_vocab", "ttt_steps",
                          "unroll"):
                 if getattr(cfg, name) < 1:
                     raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
             if vocab < 0:
                 raise ConfigError(f"--vocab must be 0 (full) or a token count, got {vocab}")
+            if topk_loss < 0 or topk_weight < 0:
+                raise ConfigError(f"--topk-loss and --topk-weight must not be negative, got {topk_loss} and "
+                                  f"{topk_weight}")
             if not 0 < ce_fraction <= 1:
                 raise ConfigError(f"--ce-fraction must be in (0, 1], got {ce_fraction}")
             if not lr > 0:

@@ -11,7 +11,7 @@ import math
 import os
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -346,6 +346,9 @@ def check_run_folder(out: Path, cfg: Any, resume: bool) -> None:
         if not resume:
             raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
         saved = json.loads(run_file.read_text())
+        for f in fields(cfg):  # a setting added after the run was made: the run had its default
+            if f.name not in saved and f.default is not MISSING:
+                saved[f.name] = json.loads(json.dumps(f.default))
         mine = json.loads(json.dumps(asdict(cfg)))
         changed = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
         if changed:

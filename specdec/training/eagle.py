@@ -73,6 +73,12 @@ class EagleTrainConfig:
     teacher_bf16: bool = False  # bf16 autocast for the target's feature pass
     train_bf16: bool = False  # bf16 autocast for the predictor (and the frozen head) while training
     unroll: int = 1  # EAGLE-1/2: passes per batch, each after the first on the predictor's own features
+    topk_loss: int = 0  # EAGLE-1/2: K of HASS's top-K distillation term (0: off), see `TokenLoss`
+    topk_weight: float = 1.0  # its weight
+
+    @property
+    def token_loss(self) -> "TokenLoss":
+        return TokenLoss(self.ce_fraction, self.ce_weight, self.topk_loss, self.topk_weight)
 
     @property
     def version(self) -> int:
@@ -99,12 +105,30 @@ class EagleTrainConfig:
             parts.append(f"--vocab {self.vocab}")
         if self.version == 1 and self.unroll != 1:
             parts.append(f"--unroll {self.unroll}")
+        if self.version == 1 and self.topk_loss:
+            parts.append(f"--topk-loss {self.topk_loss} --topk-weight {self.topk_weight}")
         if self.version == 3:
             parts += [f"--draft-vocab {self.draft_vocab}", f"--ttt-steps {self.ttt_steps}"]
         parts += ["--teacher-bf16"] if self.teacher_bf16 else []
         parts += ["--train-bf16"] if self.train_bf16 else []
         parts += ["--published"] if published else []
         return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class TokenLoss:
+    """How an EAGLE-1/2 predictor's token loss is weighed against its feature regression (weight 1.0).
+
+    `ce_weight` scales the cross-entropy against the target's whole next-token distribution. `topk` > 0 adds
+    HASS's top-K distillation term (Zhang et al., 2024), `-sum over the target's K likeliest tokens of p log q`
+    times `topk_weight`: the same soft labels cut to the tokens a tree drafts from, so the predictor's capacity
+    goes to ranking those rather than to the distribution's tail, which no draft ever proposes.
+    `ce_fraction` < 1 computes both on a fixed stride of the positions (the head is a CPU run's cost)."""
+
+    ce_fraction: float = 1.0
+    ce_weight: float = 0.1
+    topk: int = 0
+    topk_weight: float = 1.0
 
 
 @dataclass
@@ -283,8 +307,8 @@ def _padded(seqs: list[Tensor], device: torch.device, dtype: torch.dtype | None 
 
 # ------------------------------------------------------------------------------------------------ losses
 def eagle_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indices: list[int],
-               ttt_steps: int = 3, bf16: bool = False, ce_fraction: float = 1.0,
-               ce_weight: float = 0.1, head: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+               ttt_steps: int = 3, bf16: bool = False, token_loss: TokenLoss = TokenLoss(),
+               head: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """The training loss of one batch of sequences, and its top-1 agreement (per unrolled step for EAGLE-3)."""
     device = model.device
     ids = _padded([data.ids[i] for i in indices], device)  # [B, T]
@@ -298,8 +322,7 @@ def eagle_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indic
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         out = model(embeds, feats.reshape(b * t, -1), positions, attend)
         if model.config.version == 1:
-            loss, metrics = _eagle1_loss(model, target, data, indices, out.float(), valid, ce_fraction, ce_weight,
-                                         head)
+            loss, metrics = _eagle1_loss(model, target, data, indices, out.float(), valid, token_loss, head)
             # Unrolled passes (`ttt_steps` > 1): a drafted depth d >= 2 reads the predictor's own feature from
             # depth d - 1, never the target's, so later passes feed each pair the previous pass's prediction
             # for the pair before it and learn to predict from it (EAGLE-3's training-time test, here on the
@@ -308,7 +331,7 @@ def eagle_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indic
                 out = model(embeds, _fed_back(out, b, t), positions, attend)
                 later = valid & (torch.arange(t, device=device)[None] >= j)
                 step_loss, step_metrics = _eagle1_loss(model, target, data, indices, out.float(), later,
-                                                       ce_fraction, ce_weight, head)
+                                                       token_loss, head)
                 loss = loss + step_loss * STEP_WEIGHT**j
                 metrics[f"top1_{j}"] = step_metrics["top1_0"]
             return loss, metrics
@@ -356,7 +379,7 @@ def _soft_labels(model: EaglePredictor, target: LlamaModel, data: EagleData, ind
 
 
 def _eagle1_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, indices: list[int], out: Tensor,
-                 valid: Tensor, ce_fraction: float = 1.0, ce_weight: float = 0.1,
+                 valid: Tensor, token_loss: TokenLoss = TokenLoss(),
                  head: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """Regression onto f_{t+1} plus cross-entropy against the target's next-token distribution; with `head`
     (the target head's rows `[N, H]` of a reduced vocabulary) both distributions are over those N tokens:
@@ -369,8 +392,8 @@ def _eagle1_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, ind
     mask = valid.reshape(-1)
     pred, goal = out[mask], nxt.reshape(-1, nxt.shape[-1])[mask]
     regression = F.smooth_l1_loss(pred, goal, reduction="none").mean(-1).mean()
-    if ce_fraction < 1.0:  # a fixed stride through the batch's positions (deterministic, resume-safe)
-        stride = max(1, round(1 / ce_fraction))
+    if token_loss.ce_fraction < 1.0:  # a fixed stride through the batch's positions (deterministic, resume-safe)
+        stride = max(1, round(1 / token_loss.ce_fraction))
         pred, goal = pred[indices[0] % stride:: stride], goal[indices[0] % stride:: stride]
     with torch.no_grad():
         target_logits = logits_of(goal).float()
@@ -378,14 +401,20 @@ def _eagle1_loss(model: EaglePredictor, target: LlamaModel, data: EagleData, ind
     logq = torch.log_softmax(logits_of(pred).float(), dim=-1)
     ce = -(p * logq).sum(-1).mean()
     agree = float((logq.argmax(-1) == target_logits.argmax(-1)).float().mean())
-    return regression + ce_weight * ce, {"regression": float(regression.detach()), "ce": float(ce.detach()),
-                                   "top1_0": agree}
+    loss = regression + token_loss.ce_weight * ce
+    metrics = {"regression": float(regression.detach()), "ce": float(ce.detach()), "top1_0": agree}
+    if token_loss.topk:
+        top_p, top_ids = p.topk(min(token_loss.topk, p.shape[-1]), dim=-1)
+        topk = -(top_p * logq.gather(-1, top_ids)).sum(-1).mean()
+        loss = loss + token_loss.topk_weight * topk
+        metrics["topk"] = float(topk.detach())
+    return loss, metrics
 
 
 # ------------------------------------------------------------------------------------------------ training
 def train_predictor(model: EaglePredictor, target: LlamaModel, data: EagleData, train: list[int], val: list[int],
                     settings: TrainSettings, ttt_steps: int, path: Path, state: TrainState | None = None,
-                    progress: Progress = _no_progress, ce_fraction: float = 1.0, ce_weight: float = 0.1,
+                    progress: Progress = _no_progress, token_loss: TokenLoss = TokenLoss(),
                     head: Tensor | None = None) -> TrainState:
     """AdamW on `eagle_loss`; checkpoints (weights, optimizer, step, history) every `checkpoint_every` steps."""
     params = trainable(model)
@@ -402,7 +431,7 @@ def train_predictor(model: EaglePredictor, target: LlamaModel, data: EagleData, 
         return fields
 
     def batch_loss(batch: list[int]) -> Tensor:
-        return eagle_loss(model, target, data, batch, ttt_steps, settings.bf16, ce_fraction, ce_weight, head)[0]
+        return eagle_loss(model, target, data, batch, ttt_steps, settings.bf16, token_loss, head)[0]
 
     optimise(optimizer, list(params.values()), settings, state, train, batch_loss, checkpoint,
              lambda: {"params": model.state_dict()}, path, progress)
@@ -474,7 +503,7 @@ def run_eagle_training(cfg: EagleTrainConfig, out: Path, resume: bool = False, l
         state = TrainState(history=[{"step": 0, **evaluate(model, target, data, val, cfg.unrolled_steps, head=head)}])
         state.seconds = time.perf_counter() - start
     state = train_predictor(model, target, data, train, val, settings, cfg.unrolled_steps, ckpt, state, progress,
-                            cfg.ce_fraction, cfg.ce_weight, head)
+                            cfg.token_loss, head)
     final = state.history[-1]
     log(f"train: {state.step} steps in {state.seconds:.0f} s; held-out top-1 {final.get('val_top1_0', 0):.3f}")
     meta = {

@@ -200,3 +200,34 @@ def test_eagle1_unrolled_pass_reads_the_predictors_own_features():
     teacher = model(embeds, feats.reshape(b * t, -1), positions, attend).float()
     forced = one + eagle.STEP_WEIGHT * eagle._eagle1_loss(model, target, data, batch, teacher, later)[0]
     assert not torch.allclose(two, forced)
+
+
+def test_topk_distillation_term_is_the_soft_cross_entropy_cut_to_the_targets_likeliest_tokens():
+    """HASS's top-K term (`TokenLoss.topk`): with K the whole vocabulary it is the soft cross-entropy itself
+    (so a loss of ce 0 + top-K 1 equals ce 1), and with a small K it is smaller, as it drops the tail."""
+    torch.manual_seed(0)
+    target, data = tiny_data(1)
+    model = init_predictor(target, 1, seed=0)
+    batch = [0, 1, 2, 3]
+    plain, plain_metrics = eagle_loss(model, target, data, batch, 1, token_loss=eagle.TokenLoss(ce_weight=1.0))
+    whole, whole_metrics = eagle_loss(model, target, data, batch, 1,
+                                      token_loss=eagle.TokenLoss(ce_weight=0.0, topk=VOCAB, topk_weight=1.0))
+    assert float(whole) == pytest.approx(float(plain), rel=1e-5)
+    assert whole_metrics["topk"] == pytest.approx(plain_metrics["ce"], rel=1e-5)
+    _, cut = eagle_loss(model, target, data, batch, 1, token_loss=eagle.TokenLoss(ce_weight=0.0, topk=3))
+    assert 0 < cut["topk"] < whole_metrics["topk"]
+
+
+def test_a_run_made_before_a_setting_existed_resumes_with_its_default(tmp_path: Path):
+    """run.json files written before `topk_loss` existed still resume; a really changed setting is refused."""
+    import json
+
+    from specdec.errors import ConfigError
+    from specdec.training.common import check_run_folder
+
+    cfg = eagle.EagleTrainConfig(steps=10)
+    saved = {k: v for k, v in json.loads(json.dumps(eagle.asdict(cfg))).items() if not k.startswith("topk")}
+    (tmp_path / "run.json").write_text(json.dumps(saved))
+    check_run_folder(tmp_path, cfg, resume=True)
+    with pytest.raises(ConfigError, match="topk_loss"):
+        check_run_folder(tmp_path, eagle.EagleTrainConfig(steps=10, topk_loss=10), resume=True)
