@@ -1,6 +1,6 @@
 """Seen vs unseen agreement of the shipped EAGLE head on ShareGPT answers of the same corpus (64 sequences each)."""
 import sys, json, random, torch
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[3]))
 torch.set_num_threads(1)
 from pathlib import Path
 from specdec.models.loader import load_model

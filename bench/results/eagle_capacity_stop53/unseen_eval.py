@@ -1,6 +1,7 @@
 """Agreement of the two from-scratch probe heads on 64 unseen ShareGPT answers of the corpus (same picks as fit_gap2)."""
 import sys, json, random, torch
-sys.path.insert(0, "/work/main"); sys.path.insert(0, "/work/main/bench")
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT)); sys.path.insert(0, str(ROOT / "bench"))
 torch.set_num_threads(2)
 from pathlib import Path
 import eagle_extra_layers as probe
