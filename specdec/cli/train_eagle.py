@@ -78,6 +78,9 @@ def command(kind: str):
             if topk_loss < 0 or topk_weight < 0:
                 raise ConfigError(f"--topk-loss and --topk-weight must not be negative, got {topk_loss} and "
                                   f"{topk_weight}")
+            if topk_loss and kind == "eagle3":
+                raise ConfigError("--topk-loss is an EAGLE-1/2 (`specdec train eagle`) option; EAGLE-3 learns the "
+                                  "target's distribution over its draft vocabulary as soft labels")
             if not 0 < ce_fraction <= 1:
                 raise ConfigError(f"--ce-fraction must be in (0, 1], got {ce_fraction}")
             if not lr > 0:

@@ -231,3 +231,19 @@ def test_a_run_made_before_a_setting_existed_resumes_with_its_default(tmp_path: 
     check_run_folder(tmp_path, cfg, resume=True)
     with pytest.raises(ConfigError, match="topk_loss"):
         check_run_folder(tmp_path, eagle.EagleTrainConfig(steps=10, topk_loss=10), resume=True)
+
+
+@pytest.mark.parametrize("kind, args, message", [
+    ("eagle", ["--topk-loss", "-1"], "must not be negative"),
+    ("eagle3", ["--topk-loss", "10"], "EAGLE-1/2"),
+])
+def test_cli_refuses_a_topk_loss_it_cannot_apply_in_one_line(tmp_path: Path, kind: str, args: list[str], message: str):
+    from typer.testing import CliRunner
+
+    from specdec.cli.train import train_app
+
+    result = CliRunner().invoke(train_app, [kind, "--target", "dummy:tiny-llama", "--out", str(tmp_path / "run"),
+                                            *args])
+    assert result.exit_code != 0
+    assert message in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "run").exists()  # refused before anything is written
