@@ -1,6 +1,6 @@
 """The README's table of shipped drafter heads, from the heads' own metadata and one held-out tau run.
 
-    python tools/drafter_table.py --measure --readme README.md     # runs bench/heldout_tau.py first (~15 min)
+    python tools/drafter_table.py --measure --readme README.md     # runs bench/heldout_tau.py first (~5 min)
     python tools/drafter_table.py --tau bench/results/drafter_table/heldout_tau.json --readme README.md
 
 Each shipped folder (`specdec/assets/{drafts,medusa,eagle}/<target>`) records how it was trained: the command,
