@@ -1,5 +1,8 @@
-"""Agreement of the two from-scratch probe heads on 64 unseen ShareGPT answers of the corpus (`seen_unseen.py`'s
-unseen picks)."""
+"""Agreement of two from-scratch probe heads (one layer, then two) on 64 unseen ShareGPT answers of the corpus
+(`seen_unseen.py`'s unseen picks).
+
+    python unseen_eval.py [ONE_LAYER_RUN TWO_LAYER_RUN]   # default: the 200-step pair /work/runs/eagle-scratch{1,2}
+"""
 import sys, torch
 from pathlib import Path
 HERE = Path(__file__).resolve().parent
@@ -16,9 +19,12 @@ own, pairs, _, pick = answer_sets(loaded)
 data = eval_data(target, pairs, pick)
 head = reduced_head(target, own)
 te.DenseAttention = probe.LayeredAttention
-for extra, run in ((0, "/work/runs/eagle-scratch1"), (1, "/work/runs/eagle-scratch2")):
+runs = sys.argv[1:3] or ["/work/runs/eagle-scratch1", "/work/runs/eagle-scratch2"]
+for extra, run in enumerate(runs):
     probe.EXTRA_LAYERS = extra
     model = probe.init_predictor(target, 1, None, 6)
-    model.load_state_dict(torch.load(Path(run) / "checkpoint.pt", weights_only=False)["params"])
+    checkpoint = torch.load(Path(run) / "checkpoint.pt", weights_only=False)
+    model.load_state_dict(checkpoint["params"])
+    print(run, "step", checkpoint["state"]["step"], flush=True)
     r = te.evaluate(model, target, data, list(range(64)), ttt_steps=2, head=head)
     print(run, extra, {k: round(v, 4) for k, v in r.items() if "top1" in k or "ce" in k or "regression" in k}, flush=True)
