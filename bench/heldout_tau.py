@@ -50,13 +50,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     console = Console()
     if args.split == "train":  # the last ones of each category: free-written, like the bench prompts
-        records = train_prompts()
-        prompts = [r["prompt"] for c in CATEGORIES
-                   for r in [r for r in records if r.get("category") == c][-args.per_category:]]
+        records, chosen = train_prompts(), slice(-args.per_category, None)
     else:
-        records = bench_prompts(split=args.split)
-        prompts = [r["prompt"] for c in CATEGORIES
-                   for r in [r for r in records if r.get("category") == c][: args.per_category]]
+        records, chosen = bench_prompts(split=args.split), slice(args.per_category)
+    prompts = [r["prompt"] for c in CATEGORIES for r in [r for r in records if r.get("category") == c][chosen]]
     quantize = None if args.quantize == "none" else args.quantize
     loaded = LLM(args.target, quantize=quantize, show_progress=False, num_threads=args.threads).loaded
     methods = [m.partition("|")[::2] for m in args.methods.split(";")]  # "drafter" alone: its default tree
